@@ -1,0 +1,37 @@
+"""The `dpsynth` command line: thin wrappers over the library; user errors print one line."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from dpsynth.cli.budget import budget
+from dpsynth.errors import DpsynthError
+
+_typer_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Differentially private synthetic text from several language models.",
+)
+
+
+@_typer_app.callback()
+def _main() -> None:
+    """Differentially private synthetic text from several language models."""
+
+
+_typer_app.command("budget")(budget)
+
+
+def app() -> None:
+    """Entry point: user errors become one clear line and exit code 2."""
+    try:
+        _typer_app()
+    except DpsynthError as err:
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: finished work is saved; continue with `dpsynth run --resume RUN_DIR`", err=True)
+        sys.exit(130)

@@ -1,0 +1,111 @@
+"""Ledger: record before release, budget guard, persistence and resume, noise modes, report."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dpsynth.errors import DpsynthError
+from dpsynth.privacy.events import GaussianEvent, PureDpEvent
+from dpsynth.privacy.ledger import BudgetExceededError, DoubleSpendError, PrivacyLedger
+from dpsynth.privacy.mechanisms import NoiseSource, gaussian_release, laplace_release
+from dpsynth.privacy.plans import wasp_plan
+from dpsynth.privacy.report import privacy_report, summary_lines
+
+
+def _planned_ledger() -> tuple[PrivacyLedger, float]:
+    plan = wasp_plan(5, 8)
+    sigma = plan.sigma_for(4.0, 1e-5)
+    return PrivacyLedger(4.0, 1e-5), sigma
+
+
+def test_planned_schedule_fits_and_one_more_release_is_refused_before_noise() -> None:
+    ledger, sigma = _planned_ledger()
+    plan = wasp_plan(5, 8)
+
+    class CountingNoise(NoiseSource):
+        draws = 0
+
+        def stream(self, name: str) -> np.random.Generator:
+            CountingNoise.draws += 1
+            return super().stream(name)
+
+    noise = CountingNoise(seed=1)
+    for t in range(1, 5):
+        gaussian_release(ledger, noise, np.zeros(3), name=plan.release_name(t), sensitivity=plan.sensitivity,
+                         sigma=sigma)
+    assert ledger.spent().epsilon <= 4.0 * (1 + 1e-6)
+    assert CountingNoise.draws == 4
+    with pytest.raises(BudgetExceededError, match="nothing was released"):
+        gaussian_release(ledger, noise, np.zeros(3), name=plan.release_name(5), sensitivity=plan.sensitivity,
+                         sigma=sigma)
+    assert CountingNoise.draws == 4, "no noise may be drawn for a refused release"
+    assert len(ledger.events) == 4
+
+
+def test_double_spend_refused() -> None:
+    ledger = PrivacyLedger(10.0, 1e-5)
+    ledger.record(GaussianEvent(name="votes[1]", sensitivity=1, sigma=5))
+    with pytest.raises(DoubleSpendError):
+        ledger.record(GaussianEvent(name="votes[1]", sensitivity=1, sigma=5))
+
+
+def test_save_load_resume_does_not_double_count(tmp_path) -> None:
+    ledger, sigma = _planned_ledger()
+    plan = wasp_plan(5, 8)
+    for t in (1, 2):
+        ledger.record(GaussianEvent(name=plan.release_name(t), sensitivity=plan.sensitivity, sigma=sigma))
+    path = tmp_path / "ledger.json"
+    ledger.save(path)
+    resumed = PrivacyLedger.load(path)
+    assert resumed.spent().epsilon == pytest.approx(ledger.spent().epsilon)
+    with pytest.raises(DoubleSpendError):
+        resumed.record(GaussianEvent(name=plan.release_name(2), sensitivity=plan.sensitivity, sigma=sigma))
+    for t in (3, 4):
+        resumed.record(GaussianEvent(name=plan.release_name(t), sensitivity=plan.sensitivity, sigma=sigma))
+    assert resumed.spent().epsilon <= 4.0 * (1 + 1e-6)
+    assert not list(tmp_path.glob(".*.tmp")), "atomic write leaves no temporary file"
+
+
+def test_bad_budget_is_a_user_error() -> None:
+    with pytest.raises(DpsynthError, match="epsilon must be > 0"):
+        PrivacyLedger(0.0, 1e-5)
+    with pytest.raises(DpsynthError, match="delta"):
+        PrivacyLedger(1.0, 0.0)
+
+
+def test_seeded_noise_is_reproducible_per_stream_and_secure_is_not() -> None:
+    a, b = NoiseSource(seed=3), NoiseSource(seed=3)
+    assert np.array_equal(a.stream("x").normal(size=4), b.stream("x").normal(size=4))
+    assert not np.array_equal(a.stream("x").normal(size=4), a.stream("y").normal(size=4))
+    s = NoiseSource()
+    assert not np.array_equal(s.stream("x").normal(size=4), s.stream("x").normal(size=4))
+    assert "NOT FOR RELEASE" in a.mode and "secure" in s.mode
+
+
+def test_noise_has_the_calibrated_scale() -> None:
+    ledger = PrivacyLedger(1e6, 1e-5)
+    out = gaussian_release(ledger, NoiseSource(seed=0), np.zeros(200_000), name="g", sensitivity=1.0, sigma=3.0)
+    assert np.std(out) == pytest.approx(3.0, rel=0.01)
+    out = laplace_release(ledger, NoiseSource(seed=0), np.zeros(200_000), name="l", sensitivity=1.0, scale=2.0)
+    assert np.mean(np.abs(out)) == pytest.approx(2.0, rel=0.01)
+
+
+def test_report_lists_everything_and_compares_with_paper() -> None:
+    ledger, sigma = _planned_ledger()
+    plan = wasp_plan(5, 8)
+    for event in plan.events(sigma):
+        ledger.record(event)
+    ledger.record(PureDpEvent(name="tiny", epsilon=1e-9))
+    report = privacy_report(ledger, noise_mode=NoiseSource(seed=1).mode, plan=plan, sigma=sigma)
+    json.dumps(report)
+    assert report["within_budget"]
+    assert report["noise"]["for_release"] is False
+    assert len(report["events"]) == 5
+    assert report["paper_formula"]["sigma_for_target"] == pytest.approx(9.690, rel=1e-3)
+    assert report["paper_formula"]["epsilon_of_paper_sigma"] == pytest.approx(1.287, rel=5e-3)
+    assert report["accountant"]["epsilon_rdp"] > report["epsilon"]
+    text = "\n".join(summary_lines(report))
+    assert "9.6896" in text and "NOT FOR RELEASE" in text

@@ -1,0 +1,138 @@
+"""Every sensitivity function against brute force on random and adversarial vote vectors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpsynth.privacy.accountant import Adjacency
+from dpsynth.privacy.sensitivity import (
+    histogram_sensitivity,
+    knn_votes_sensitivity,
+    pe_top1_sensitivity,
+    wasp_topq_sensitivity,
+)
+from dpsynth.voting.rank_votes import decaying_weights, rank_votes, wasp_votes
+
+
+def _add_remove_max(vote_fn, private: np.ndarray, labels: np.ndarray, group: int = 1) -> float:
+    """max over groups of `group` consecutive records of ||f(D) - f(D minus group)||_2."""
+    full = vote_fn(private, labels)
+    worst = 0.0
+    for start in range(0, len(private) - group + 1):
+        keep = np.ones(len(private), dtype=bool)
+        keep[start : start + group] = False
+        worst = max(worst, float(np.linalg.norm(full - vote_fn(private[keep], labels[keep]))))
+    return worst
+
+
+def _replace_max(vote_fn, private: np.ndarray, labels: np.ndarray, pool: np.ndarray, pool_labels: np.ndarray) -> float:
+    full = vote_fn(private, labels)
+    worst = 0.0
+    for i in range(len(private)):
+        for x, y in zip(pool, pool_labels):
+            p2, l2 = private.copy(), labels.copy()
+            p2[i], l2[i] = x, y
+            worst = max(worst, float(np.linalg.norm(full - vote_fn(p2, l2))))
+    return worst
+
+
+def _data(rng: np.random.Generator, m: int, n: int, d: int = 6, labels: int = 2):
+    return (
+        rng.normal(size=(m, d)),
+        rng.integers(0, labels, m),
+        rng.normal(size=(n, d)),
+        rng.integers(0, labels, n),
+    )
+
+
+@pytest.mark.parametrize("q", [1, 2, 4, 8])
+def test_wasp_add_remove_random(q: int) -> None:
+    rng = np.random.default_rng(q)
+    for _ in range(5):
+        priv, pl, syn, sl = _data(rng, 12, 40)
+        fn = lambda p, l: wasp_votes(p, l, syn, sl, q)  # noqa: E731
+        measured = _add_remove_max(fn, priv, pl)
+        assert measured <= wasp_topq_sensitivity(q) + 1e-9
+        # each record has >= q candidates of its label here, so the bound is attained
+        assert measured == pytest.approx(wasp_topq_sensitivity(q))
+
+
+def test_wasp_fewer_candidates_than_q() -> None:
+    rng = np.random.default_rng(0)
+    priv, pl, syn, _ = _data(rng, 6, 3, labels=1)
+    sl = np.zeros(3, dtype=int)
+    pl = np.zeros(6, dtype=int)
+    measured = _add_remove_max(lambda p, l: wasp_votes(p, l, syn, sl, 8), priv, pl)
+    assert measured == pytest.approx(wasp_topq_sensitivity(8, candidates_per_label=3))
+    assert measured < wasp_topq_sensitivity(8)
+
+
+def test_wasp_user_level_adversarial_identical_records() -> None:
+    """m identical records of one user all vote for the same bins: the m x bound is attained."""
+    rng = np.random.default_rng(1)
+    _, _, syn, sl = _data(rng, 1, 30, labels=1)
+    sl = np.zeros(30, dtype=int)
+    user = np.repeat(rng.normal(size=(1, 6)), 4, axis=0)
+    others = rng.normal(size=(5, 6))
+    priv = np.vstack([user, others])
+    pl = np.zeros(len(priv), dtype=int)
+    measured = _add_remove_max(lambda p, l: wasp_votes(p, l, syn, sl, 8), priv, pl, group=4)
+    assert measured == pytest.approx(wasp_topq_sensitivity(8, max_records_per_user=4))
+    # the WASP reference code's user-level bug: sample-level sensitivity would under-noise by 4x
+    assert measured > 3.9 * wasp_topq_sensitivity(8)
+
+
+def test_wasp_replace_one() -> None:
+    rng = np.random.default_rng(2)
+    priv, pl, syn, sl = _data(rng, 6, 30)
+    # pool: points far away in opposite directions, of both labels (votes land on disjoint bins)
+    pool = np.vstack([priv[:2] * -50, priv[:2] * 50])
+    pool_labels = np.array([0, 1, 0, 1])
+    measured = _replace_max(lambda p, l: wasp_votes(p, l, syn, sl, 4), priv, pl, pool, pool_labels)
+    bound = wasp_topq_sensitivity(4, Adjacency.REPLACE)
+    assert measured <= bound + 1e-9
+    assert measured == pytest.approx(bound)
+
+
+def test_pe_top1_and_knn() -> None:
+    rng = np.random.default_rng(3)
+    priv, pl, syn, sl = _data(rng, 10, 40)
+    top1 = lambda p, l: rank_votes(p, l, syn, sl, [1.0])[0]  # noqa: E731
+    assert _add_remove_max(top1, priv, pl) == pytest.approx(pe_top1_sensitivity())
+    k = 5
+    raw = lambda p, l: rank_votes(p, l, syn, sl, [1.0] * k)[0]  # noqa: E731
+    normed = lambda p, l: rank_votes(p, l, syn, sl, [1 / math.sqrt(k)] * k)[0]  # noqa: E731
+    assert _add_remove_max(raw, priv, pl) == pytest.approx(knn_votes_sensitivity(k, normalized=False))
+    assert _add_remove_max(normed, priv, pl) == pytest.approx(knn_votes_sensitivity(k, normalized=True))
+    pool = np.vstack([priv[:1] * -50, priv[:1] * 50])
+    measured = _replace_max(top1, priv, pl, pool, np.array([0, 1]))
+    assert measured == pytest.approx(pe_top1_sensitivity(Adjacency.REPLACE))
+
+
+def test_histograms() -> None:
+    rng = np.random.default_rng(4)
+    assign = rng.integers(0, 7, 20)
+
+    def hist(a: np.ndarray) -> np.ndarray:
+        return np.bincount(a, minlength=7).astype(float)
+
+    full = hist(assign)
+    l2 = max(np.linalg.norm(full - hist(np.delete(assign, i))) for i in range(len(assign)))
+    l1 = max(np.abs(full - hist(np.delete(assign, i))).sum() for i in range(len(assign)))
+    assert l2 == histogram_sensitivity(norm=2) and l1 == histogram_sensitivity(norm=1)
+    rep_l2 = max(
+        np.linalg.norm(full - hist(np.where(np.arange(20) == i, c, assign))) for i in range(20) for c in range(7)
+    )
+    rep_l1 = max(
+        np.abs(full - hist(np.where(np.arange(20) == i, c, assign))).sum() for i in range(20) for c in range(7)
+    )
+    assert rep_l2 == pytest.approx(histogram_sensitivity(Adjacency.REPLACE, norm=2))
+    assert rep_l1 == histogram_sensitivity(Adjacency.REPLACE, norm=1)
+
+
+def test_decaying_weights_are_powers_not_xor() -> None:
+    assert decaying_weights(4) == [1.0, 0.5, 0.25, 0.125]
+    assert sum(decaying_weights(8)) == pytest.approx(2 - 2**-7)
