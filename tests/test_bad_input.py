@@ -1,0 +1,136 @@
+"""Bad input gives one clear line naming the problem and the fix, and a non-zero exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpsynth.data.loaders import load_labelled
+from dpsynth.errors import DpsynthError
+from dpsynth.runs.config import parse_config
+from dpsynth.runs.wasp_run import prepare_data
+
+TASK = {"text_kind": "email", "labels": {"spam": "unwanted advertising", "ham": "a normal message"}}
+
+
+def _csv(tmp_path: Path, text: str, name: str = "p.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_loader_errors(tmp_path: Path) -> None:
+    with pytest.raises(DpsynthError, match="column 'label' not found; columns are: text, stars"):
+        load_labelled(_csv(tmp_path, "text,stars\nhello,5\n"))
+    with pytest.raises(DpsynthError, match="file is empty"):
+        load_labelled(_csv(tmp_path, ""))
+    with pytest.raises(DpsynthError, match="file not found"):
+        load_labelled(tmp_path / "nope.csv")
+    with pytest.raises(DpsynthError, match="unsupported format"):
+        load_labelled(_csv(tmp_path, "x", "p.xlsx"))
+    bad = tmp_path / "latin.csv"
+    bad.write_bytes("text,label\ncaf\xe9,ham\n".encode("latin-1"))
+    with pytest.raises(DpsynthError, match="not valid UTF-8"):
+        load_labelled(bad)
+
+
+def test_loader_formats(tmp_path: Path) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame({"body": ["a b c", "d e f"], "y": ["spam", "ham"]})
+    frame.to_json(tmp_path / "d.jsonl", orient="records", lines=True)
+    frame.to_parquet(tmp_path / "d.parquet")
+    for name in ("d.jsonl", "d.parquet"):
+        data = load_labelled(tmp_path / name, "body", "y")
+        assert data.texts == ["a b c", "d e f"] and data.labels == ["spam", "ham"]
+
+
+def _config(tmp_path: Path, rows: str, **privacy) -> dict:
+    return {
+        "data": {"private": str(_csv(tmp_path, rows))},
+        "task": TASK,
+        "generators": [{"model": "smollm2-135m-instruct"}],
+        "wasp": {"n": 10, "iterations": 2, "q": 2},
+        "privacy": {"delta": 1e-5, **privacy},
+    }
+
+
+def test_data_checks_against_task(tmp_path: Path) -> None:
+    rows = "text,label\n" + "".join(f"buy now {i},spam\n" for i in range(5))
+    with pytest.raises(DpsynthError, match=r"label\(s\) \['ham'\] have no private samples"):
+        prepare_data(parse_config(_config(tmp_path, rows)))
+    rows2 = rows + "hello there,other\n"
+    with pytest.raises(DpsynthError, match=r"labels \['other'\] are not described in task.labels"):
+        prepare_data(parse_config(_config(tmp_path, rows2)))
+    small = "text,label\nbuy,spam\nhi,ham\n"
+    cfg = _config(tmp_path, small)
+    cfg["wasp"]["q"] = 8
+    with pytest.raises(DpsynthError, match="smaller than Q=8"):
+        prepare_data(parse_config(cfg))
+    ok = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(6))
+    with pytest.raises(DpsynthError, match="not < 1/M"):
+        prepare_data(parse_config(_config(tmp_path, ok, delta=0.5)))
+
+
+def test_config_errors(tmp_path: Path) -> None:
+    base = _config(tmp_path, "text,label\na,spam\n")
+    with pytest.raises(DpsynthError, match="privacy.epsilon must be > 0"):
+        parse_config({**base, "privacy": {"epsilon": 0}})
+    with pytest.raises(DpsynthError, match="generators"):
+        parse_config({**base, "generators": []})
+    with pytest.raises(DpsynthError, match="wasp.q"):
+        parse_config({**base, "wasp": {"q": "many"}})
+    with pytest.raises(DpsynthError, match="exactly one of data.private"):
+        parse_config({**base, "data": {}})
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dpsynth", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def _write_config(tmp_path: Path, cfg: dict) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_missing_column(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "text,stars\nhello,5\n")
+    _one_line_error(_cli("run", str(_write_config(tmp_path, cfg)), "-o", str(tmp_path / "r"), cwd=tmp_path),
+                    "column 'label' not found")
+
+
+def test_cli_eps_not_positive(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "text,label\na,spam\n", epsilon=-1)
+    _one_line_error(_cli("run", str(_write_config(tmp_path, cfg)), cwd=tmp_path), "epsilon must be > 0")
+    _one_line_error(_cli("budget", "wasp", "--epsilon", "0", cwd=tmp_path), "--epsilon must be > 0")
+
+
+def test_cli_model_file_missing(tmp_path: Path) -> None:
+    rows = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(20))
+    cfg = _config(tmp_path, rows)
+    cfg["generators"] = [{"model": str(tmp_path / "missing.gguf")}]
+    _one_line_error(_cli("run", str(_write_config(tmp_path, cfg)), "-o", str(tmp_path / "r"), cwd=tmp_path),
+                    "missing.gguf")
+
+
+def test_cli_unreachable_api(tmp_path: Path) -> None:
+    rows = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(20))
+    cfg = _config(tmp_path, rows)
+    cfg["generators"] = [{"kind": "openai", "model": "x", "base_url": "http://127.0.0.1:9/v1",
+                          "max_retries": 1}]
+    cfg["evaluate"] = False
+    proc = _cli("run", str(_write_config(tmp_path, cfg)), "-o", str(tmp_path / "r"), cwd=tmp_path)
+    _one_line_error(proc, "unreachable after retries")

@@ -1,0 +1,148 @@
+"""The OpenAI-compatible backend against real HTTP servers on loopback.
+
+- a scripted server that answers 429 and 503 before succeeding: retries with backoff;
+- the real llama.cpp OpenAI-compatible server with a local GGUF model: a tiny
+  WASP run through it, with concurrent requests.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from dpsynth.llm.base import GenerationRequest
+from dpsynth.llm.local_models import resolve_local_model
+from dpsynth.llm.openai_backend import OpenAICompatGenerator
+from dpsynth.runs.config import parse_config
+from dpsynth.runs.wasp_run import WaspRun
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    failures = [429, 503]
+    seen: list[int] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if _Flaky.failures:
+            code = _Flaky.failures.pop(0)
+            _Flaky.seen.append(code)
+            self.send_response(code)
+            self.send_header("retry-after-ms", "20")
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error": {"message": "busy"}}')
+            return
+        _Flaky.seen.append(200)
+        body = json.dumps({
+            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "A fine film."}}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_retries_429_and_5xx_with_backoff() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", max_retries=3)
+        out = gen.generate([GenerationRequest(messages=(("user", "hi"),))])
+        assert out[0].text == "A fine film." and out[0].prompt_tokens == 7
+        assert _Flaky.seen == [429, 503, 200]
+    finally:
+        server.shutdown()
+
+
+def test_gives_up_with_a_clear_error_after_retries() -> None:
+    from dpsynth.errors import DpsynthError
+
+    _Flaky.failures = [500] * 10
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", max_retries=1)
+        with pytest.raises(DpsynthError, match="failed after retries with HTTP 500"):
+            gen.generate([GenerationRequest(messages=(("user", "hi"),))])
+    finally:
+        server.shutdown()
+        _Flaky.failures = []
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    path, _ = resolve_local_model("smollm2-135m-instruct")
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")  # a pipe would fill up and block it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--host", "127.0.0.1", "--port", str(port),
+         "--n_ctx", "2048", "--n_threads", "2", "--model_alias", "smollm2"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/models", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(log.read()[-2000:])
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        raise RuntimeError("llama.cpp server did not start")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_wasp_through_real_llama_cpp_server(llama_server: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    private = tmp_path / "private.csv"
+    private.write_text("text,label\n" + "".join(
+        f"{'A joyful, moving film' if i % 2 else 'A dull, lifeless film'} number {i}.,{'pos' if i % 2 else 'neg'}\n"
+        for i in range(12)))
+    config = parse_config({
+        "data": {"private": str(private)},
+        "task": {"text_kind": "movie review", "labels": {"pos": "a positive review", "neg": "a negative review"}},
+        "generators": [{"kind": "openai", "model": "smollm2", "base_url": llama_server, "max_concurrency": 4,
+                        "name": "server-smol", "price_per_prompt_token": 1e-6, "price_per_completion_token": 2e-6}],
+        "wasp": {"n": 12, "iterations": 2, "q": 2, "s": 2, "max_tokens": 24},
+        "privacy": {"epsilon": 2.0, "delta": 1e-3, "noise_seed": 0},
+        "evaluate": False,
+    })
+    result = WaspRun.create(config, tmp_path / "run").execute()
+    lines = (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()
+    assert len(lines) >= 10
+    assert {json.loads(x)["iteration"] for x in lines} == {0, 1}
+    usage = result["metrics"]["usage"]["server-smol"]
+    assert usage["completion_tokens"] > 0 and usage["cost"] > 0
+    assert result["privacy"]["epsilon"] <= 2.0
