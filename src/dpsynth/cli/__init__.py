@@ -35,6 +35,3 @@ def app() -> None:
     except DpsynthError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        typer.echo("interrupted: finished work is saved; continue with `dpsynth run --resume RUN_DIR`", err=True)
-        sys.exit(130)

@@ -74,7 +74,16 @@ def _execute(config: RunConfig | None, run_dir: Path) -> None:
             config, run_dir, progress=report
         )
         console.print(f"run directory: {run_dir}")
-        result = runner.execute()
+        try:
+            result = runner.execute()
+        except KeyboardInterrupt:
+            progress.stop()
+            typer.echo(
+                f"interrupted: finished iterations and every generation are saved; "
+                f"continue with `dpsynth run --resume {run_dir}`",
+                err=True,
+            )
+            raise typer.Exit(130) from None
     _print_summary(run_dir, result)
 
 

@@ -1,0 +1,24 @@
+"""The transformers backend with a real model (SmolLM2's GGUF de-quantised by transformers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpsynth.data.records import TaskSpec
+from dpsynth.llm.factory import build_generator
+from dpsynth.prompts.builder import build_request
+from dpsynth.runs.config import GeneratorConfig
+
+pytestmark = pytest.mark.slow
+
+
+def test_generates_chat_samples_reproducibly() -> None:
+    gen = build_generator(GeneratorConfig(kind="transformers", model="smollm2-135m-instruct", name="hf-smol"))
+    assert gen.chat and gen.model_id.startswith("transformers:")
+    task = TaskSpec("movie review", {"positive": "a positive review"}, description="Short movie reviews.")
+    requests = [build_request(task, "positive", chat=True, seed=s) for s in range(3)]
+    requests = [r.__class__(**{**r.__dict__, "max_tokens": 16}) for r in requests]
+    first = gen.generate(requests)
+    again = gen.generate(requests)
+    assert [r.text for r in first] == [r.text for r in again]
+    assert all(r.completion_tokens > 0 and r.text.strip() for r in first)
