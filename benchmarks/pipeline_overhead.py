@@ -39,7 +39,7 @@ def main() -> None:
         report(json.loads((args.run_dir / "metrics.json").read_text()))
         return
     from dpsynth.runs.config import parse_config
-    from dpsynth.runs.wasp_run import WaspRun
+    from dpsynth.runs.run import Run
 
     raw = yaml.safe_load(files("dpsynth.configs").joinpath("demo.yaml").read_text())
     if args.n:
@@ -55,7 +55,7 @@ def main() -> None:
             if (shared / name).exists():
                 os.symlink(shared / name, fresh / name)
         os.environ["DPSYNTH_CACHE"] = str(fresh)
-        result = WaspRun.create(parse_config(raw), Path(tmp) / "run").execute()
+        result = Run.create(parse_config(raw), Path(tmp) / "run").execute()
     report(result["metrics"])
 
 

@@ -12,7 +12,7 @@ import yaml
 from dpsynth.data.loaders import load_labelled
 from dpsynth.errors import DpsynthError
 from dpsynth.runs.config import parse_config
-from dpsynth.runs.wasp_run import prepare_data
+from dpsynth.runs.run import prepare_data
 
 TASK = {"text_kind": "email", "labels": {"spam": "unwanted advertising", "ham": "a normal message"}}
 

@@ -23,7 +23,7 @@ from dpsynth.llm.base import GenerationRequest
 from dpsynth.llm.local_models import resolve_local_model
 from dpsynth.llm.openai_backend import OpenAICompatGenerator
 from dpsynth.runs.config import parse_config
-from dpsynth.runs.wasp_run import WaspRun
+from dpsynth.runs.run import Run
 
 
 def _free_port() -> int:
@@ -139,7 +139,7 @@ def test_wasp_through_real_llama_cpp_server(llama_server: str, tmp_path: Path, m
         "privacy": {"epsilon": 2.0, "delta": 1e-3, "noise_seed": 0},
         "evaluate": False,
     })
-    result = WaspRun.create(config, tmp_path / "run").execute()
+    result = Run.create(config, tmp_path / "run").execute()
     lines = (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()
     assert len(lines) >= 10
     assert {json.loads(x)["iteration"] for x in lines} == {0, 1}

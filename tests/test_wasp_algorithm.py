@@ -5,18 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpsynth.algorithms.wasp import (
-    GenerationPlan,
-    SyntheticSample,
-    WaspState,
-    build_requests,
-    generate_iteration,
-    iteration_size,
-    plan_generation,
-    plm_weights,
-    select_top,
-    split_count,
-)
+from dpsynth.algorithms.common import GenerationPlan, SyntheticSample, generate_samples, plan_counts, split_count
+from dpsynth.algorithms.wasp import WaspState, build_requests, iteration_size, plm_weights, select_top
 from dpsynth.data.records import TaskSpec
 from dpsynth.llm.base import GenerationRequest, GenerationResult
 from dpsynth.llm.cache import CachedGenerator, RequestCache
@@ -30,7 +20,7 @@ def test_split_count_and_iteration_sizes() -> None:
     assert split_count(10, [1, 1, 1]) == [4, 3, 3]
     assert sum(split_count(17, [0.2, 0.5, 0.3])) == 17
     assert [iteration_size(100, 3, t) for t in range(3)] == [33, 33, 34]
-    plans = plan_generation(1, 100, 4, {"a": 0.75, "b": 0.25}, {"positive": 0.5, "negative": 0.5})
+    plans = plan_counts(iteration_size(100, 4, 1), {"a": 0.75, "b": 0.25}, {"positive": 0.5, "negative": 0.5})
     assert [sum(p.per_label.values()) for p in plans] == [19, 6]
 
 
@@ -118,10 +108,13 @@ def test_generation_cleans_counts_and_reasks(tmp_path) -> None:
                               "A truly moving film about loss.", "A truly moving film about loss."])
     gen = CachedGenerator(fake, RequestCache(tmp_path / "c.sqlite"))
     state = WaspState(weights={"fake": 1.0})
-    new, stats = generate_iteration(
-        0, plans=[GenerationPlan("fake", {"positive": 2})], generators={"fake": gen}, state=state, task=TASK,
-        seed=0, s=4, contrastive=True, samples_per_prompt=1, settings=PromptSettings(), max_attempts=4,
-    )
+
+    def make_requests(plan, attempt, chat):
+        return build_requests(plan, t=0, attempt=attempt, seed=0, task=TASK, chat=chat, state=state, s=4,
+                              contrastive=True, samples_per_prompt=1, settings=PromptSettings())
+
+    new, stats = generate_samples(0, plans=[GenerationPlan("fake", {"positive": 2})], generators={"fake": gen},
+                                  existing=state.samples, make_requests=make_requests, max_attempts=4)
     assert [x.text for x in new] == ["A truly moving film about loss.", "a fine new movie review here"]
     dropped = stats["fake"]["dropped"]
     assert dropped == {"empty": 1, "preamble_only": 1, "degenerate": 1, "duplicate": 1}

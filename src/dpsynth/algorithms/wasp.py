@@ -14,36 +14,38 @@ Deviations, each documented in docs/wasp.md: the tight sensitivity of the
 concatenated histograms (not 4); weights from noisy votes clipped at zero,
 normalised, floored at `min_weight` and renormalised (noisy votes can be
 negative, and no PLM may starve); votes after the last generation are not
-made, because nothing would use them.
+cast, because nothing would use them.
 """
 
 from __future__ import annotations
 
-import hashlib
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from dpsynth.algorithms.common import (
+    GenerationPlan,
+    SyntheticSample,
+    generate_samples,
+    plan_counts,
+    request_seed,
+)
 from dpsynth.data.records import TaskSpec
 from dpsynth.llm.base import GenerationRequest
-from dpsynth.llm.cache import CachedGenerator
+from dpsynth.privacy.plans import ReleasePlan, wasp_plan
 from dpsynth.prompts.builder import PromptSettings, build_request
-from dpsynth.prompts.cleaning import CleaningStats, clean_generation
+from dpsynth.runs.config import RunConfig
+from dpsynth.voting.rank_votes import wasp_votes
 
-
-@dataclass(frozen=True)
-class SyntheticSample:
-    id: int
-    text: str
-    label: str
-    plm: str
-    iteration: int
+if TYPE_CHECKING:
+    from dpsynth.runs.run import RunContext
 
 
 @dataclass
 class WaspState:
-    """Everything needed to continue a run; holds only synthetic text and noisy statistics."""
+    """Everything needed to continue a run; holds only synthetic text and noisy-vote selections."""
 
     next_iteration: int = 0
     samples: list[SyntheticSample] = field(default_factory=list)
@@ -57,25 +59,7 @@ class WaspState:
 
     @classmethod
     def from_dict(cls, data: dict) -> "WaspState":
-        return cls(
-            next_iteration=data["next_iteration"],
-            samples=[SyntheticSample(**s) for s in data["samples"]],
-            weights=data["weights"],
-            good=data["good"],
-            bad=data["bad"],
-            history=data["history"],
-        )
-
-
-def split_count(total: int, shares: Sequence[float]) -> list[int]:
-    """Integers proportional to `shares` summing to `total` (largest remainder)."""
-    shares_arr = np.asarray(shares, dtype=np.float64)
-    shares_arr = shares_arr / shares_arr.sum()
-    raw = total * shares_arr
-    out = np.floor(raw).astype(int)
-    for i in np.argsort(-(raw - out), kind="stable")[: total - out.sum()]:
-        out[i] += 1
-    return out.tolist()
+        return cls(**{**data, "samples": [SyntheticSample(**s) for s in data["samples"]]})
 
 
 def iteration_size(n: int, iterations: int, t: int) -> int:
@@ -114,30 +98,6 @@ def plm_weights(
     return {k: v / z for k, v in floored.items()}
 
 
-def _seed(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:4], "big")
-
-
-@dataclass
-class GenerationPlan:
-    """What one PLM writes in one iteration: label -> count."""
-
-    plm: str
-    per_label: dict[str, int]
-
-
-def plan_generation(
-    t: int, n: int, iterations: int, weights: dict[str, float], label_shares: dict[str, float]
-) -> list[GenerationPlan]:
-    plms = list(weights)
-    per_plm = split_count(iteration_size(n, iterations, t), [weights[k] for k in plms])
-    labels = list(label_shares)
-    return [
-        GenerationPlan(k, dict(zip(labels, split_count(count, [label_shares[c] for c in labels]))))
-        for k, count in zip(plms, per_plm)
-    ]
-
-
 def build_requests(
     plan: GenerationPlan,
     *,
@@ -158,79 +118,81 @@ def build_requests(
     for label, count in plan.per_label.items():
         for j in range(count):
             prompt_no = j // samples_per_prompt
-            rng = np.random.default_rng(_seed(seed, "examples", t, plan.plm, label, attempt, prompt_no))
+            rng = np.random.default_rng(request_seed(seed, "examples", t, plan.plm, label, attempt, prompt_no))
             good: list[str] = []
             bad: list[str] = []
             if t > 0:
                 n_bad = s // 2 if contrastive else 0
-                good_pool, bad_pool = state.good.get(label, []), state.bad.get(label, [])
-                good = [by_id[i] for i in rng.permutation(good_pool)[: s - n_bad]]
-                bad = [by_id[i] for i in rng.permutation(bad_pool)[:n_bad]]
+                good = [by_id[i] for i in rng.permutation(state.good.get(label, []))[: s - n_bad]]
+                bad = [by_id[i] for i in rng.permutation(state.bad.get(label, []))[:n_bad]]
             request = build_request(
                 task, label, chat=chat, good=good, bad=bad, settings=settings,
-                seed=_seed(seed, "sample", t, plan.plm, label, attempt, j),
+                seed=request_seed(seed, "sample", t, plan.plm, label, attempt, j),
             )
             out.append((label, request))
     return out
 
 
-def generate_iteration(
-    t: int,
-    *,
-    plans: Sequence[GenerationPlan],
-    generators: dict[str, CachedGenerator],
-    state: WaspState,
-    task: TaskSpec,
-    seed: int,
-    s: int,
-    contrastive: bool,
-    samples_per_prompt: int,
-    settings: PromptSettings,
-    max_attempts: int,
-    on_progress: Callable[[str, int, int], None] | None = None,
-) -> tuple[list[SyntheticSample], dict[str, dict]]:
-    """Generate, clean and de-duplicate; re-ask (new seeds) for dropped samples up to `max_attempts` times."""
-    seen = {(x.label, x.text.lower()) for x in state.samples}
-    next_id = max((x.id for x in state.samples), default=-1) + 1
-    new: list[SyntheticSample] = []
-    stats: dict[str, dict] = {}
-    for plan in plans:
-        gen = generators[plan.plm]
-        cleaning = CleaningStats()
-        wanted = dict(plan.per_label)
-        target = sum(wanted.values())
-        done = 0
-        for attempt in range(max_attempts):
-            if sum(wanted.values()) == 0:
-                break
-            pending = GenerationPlan(plan.plm, dict(wanted))
-            pairs = build_requests(
-                pending, t=t, attempt=attempt, seed=seed, task=task, chat=gen.chat, state=state, s=s,
-                contrastive=contrastive, samples_per_prompt=samples_per_prompt, settings=settings,
-            )
+class WaspMethod:
+    name = "wasp"
 
-            def progress(_: int, __: object) -> None:
-                nonlocal done
-                done += 1
-                if on_progress:
-                    on_progress(plan.plm, done, target)
+    def iterations(self, config: RunConfig) -> int:
+        return config.wasp.iterations
 
-            results = gen.generate([r for _, r in pairs], on_result=progress)
-            for (label, _), result in zip(pairs, results):
-                text, reason = clean_generation(result.text)
-                if text is not None and (label, text.lower()) in seen:
-                    text, reason = None, "duplicate"
-                if text is None:
-                    cleaning.dropped[reason] += 1
-                    continue
-                seen.add((label, text.lower()))
-                cleaning.kept += 1
-                wanted[label] -= 1
-                new.append(SyntheticSample(next_id, text, label, plan.plm, t))
-                next_id += 1
-        stats[plan.plm] = {**cleaning.as_dict(), "requested": target, "short_by": sum(wanted.values())}
-    return new, stats
+    def release_plan(self, config: RunConfig) -> ReleasePlan:
+        p = config.privacy
+        return wasp_plan(config.wasp.iterations, config.wasp.q, adjacency=p.adjacency,
+                         max_records_per_user=p.max_records_per_user)
 
+    def new_state(self, config: RunConfig) -> WaspState:
+        return WaspState(weights={g.display_name: 1.0 / len(config.generators) for g in config.generators})
 
-def label_shares_uniform(labels: Sequence[str]) -> dict[str, float]:
-    return {c: 1.0 / len(labels) for c in labels}
+    def load_state(self, data: dict) -> WaspState:
+        return WaspState.from_dict(data)
+
+    def step(self, ctx: "RunContext", state: WaspState, t: int) -> dict:
+        w, cfg = ctx.config.wasp, ctx.config
+        settings = PromptSettings(max_tokens=w.max_tokens, temperature=w.temperature, top_p=w.top_p)
+        t0 = time.perf_counter()
+        plans = plan_counts(iteration_size(w.n, w.iterations, t), state.weights, ctx.label_shares)
+
+        def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
+            return build_requests(plan, t=t, attempt=attempt, seed=cfg.seed, task=ctx.data.task, chat=chat,
+                                  state=state, s=w.s, contrastive=w.contrastive,
+                                  samples_per_prompt=w.samples_per_prompt, settings=settings)
+
+        new, stats = generate_samples(t, plans=plans, generators=ctx.generators, existing=state.samples,
+                                      make_requests=make_requests, max_attempts=w.max_attempts,
+                                      on_progress=ctx.generation_progress(t))
+        ctx.add_time("generation", t0)
+        state.samples.extend(new)
+        record = {"iteration": t, "weights_used": dict(state.weights), "generated": stats,
+                  "pool_size": len(state.samples)}
+        if t < w.iterations - 1:
+            ctx.phase(f"iteration {t}: embed + vote + noise", 0)
+            near, far = self._noisy_votes(ctx, state, t)
+            ctx.phase(f"iteration {t}: embed + vote + noise", 1)
+            labels = ctx.data.task.label_names
+            state.good = select_top(near, state.samples, labels, w.s)
+            state.bad = select_top(far, state.samples, labels, w.s) if w.contrastive else {}
+            if w.plm_weighting:
+                state.weights = plm_weights(near, state.samples, list(state.weights), w.min_weight)
+            record["weights_next"] = dict(state.weights)
+        return record
+
+    def _noisy_votes(self, ctx: "RunContext", state: WaspState, t: int) -> tuple[np.ndarray, np.ndarray]:
+        synth = ctx.embed_synthetic(state.samples)
+        private = ctx.private_embeddings()
+        t0 = time.perf_counter()
+        votes = wasp_votes(private, ctx.data.private.label_ids(ctx.data.task.label_names), synth,
+                           ctx.label_ids(state.samples), ctx.config.wasp.q)
+        noisy = ctx.release_votes(votes, t + 1)  # the clean vector never leaves this function
+        ctx.add_time("voting", t0)
+        n = len(state.samples)
+        return noisy[:n], noisy[n:]
+
+    def final_samples(self, state: WaspState) -> list[SyntheticSample]:
+        return list(state.samples)
+
+    def reference_sets(self, state: WaspState) -> dict[str, list[SyntheticSample]]:
+        return {"zero_shot": [x for x in state.samples if x.iteration == 0]}

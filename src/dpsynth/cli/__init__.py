@@ -6,7 +6,9 @@ import sys
 
 import typer
 
+from dpsynth.cli.bench import bench
 from dpsynth.cli.budget import budget
+from dpsynth.cli.evaluate import evaluate
 from dpsynth.cli.runs import demo, run
 from dpsynth.errors import DpsynthError
 
@@ -26,6 +28,8 @@ def _main() -> None:
 _typer_app.command("budget")(budget)
 _typer_app.command("run")(run)
 _typer_app.command("demo")(demo)
+_typer_app.command("eval")(evaluate)
+_typer_app.command("bench")(bench)
 
 
 def app() -> None:

@@ -57,7 +57,7 @@ def _default_dir() -> Path:
 
 
 def _execute(config: RunConfig | None, run_dir: Path) -> None:
-    from dpsynth.runs.wasp_run import WaspRun
+    from dpsynth.runs.run import Run
 
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -70,7 +70,7 @@ def _execute(config: RunConfig | None, run_dir: Path) -> None:
                 tasks[what] = progress.add_task(what, total=total)
             progress.update(tasks[what], completed=done, total=max(total, done))
 
-        runner = WaspRun.resume(run_dir, progress=report) if config is None else WaspRun.create(
+        runner = Run.resume(run_dir, progress=report) if config is None else Run.create(
             config, run_dir, progress=report
         )
         console.print(f"run directory: {run_dir}")

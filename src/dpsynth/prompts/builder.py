@@ -63,5 +63,38 @@ def build_request(
     return GenerationRequest(prompt=body, stop=('"', "\n"), **common)
 
 
+def build_variation_request(
+    task: TaskSpec,
+    label: str,
+    parent: str,
+    *,
+    chat: bool,
+    kind: str,
+    rng_seed: int,
+    fill_ratio: float = 0.3,
+    settings: PromptSettings = PromptSettings(),
+) -> GenerationRequest:
+    """Aug-PE's variation API: paraphrase `parent`, or fill in a copy with ~fill_ratio of its words blanked."""
+    import numpy as np
+
+    style = load_templates("augpe")["chat" if chat else "completion"]
+    words = _one_line(parent).split()
+    rng = np.random.default_rng(rng_seed)
+    masked = " ".join("_" if rng.random() < fill_ratio else w for w in words)
+    body = style[kind].format(
+        description=task.description or f"Examples of {task.text_kind}s.",
+        text_kind=task.text_kind,
+        label=label,
+        label_description=task.labels[label],
+        text=" ".join(words),
+        masked=masked,
+        words=max(3, len(words)),
+    )
+    common = dict(max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p, seed=rng_seed)
+    if chat:
+        return GenerationRequest(messages=(("user", body),), **common)
+    return GenerationRequest(prompt=body, stop=('"', "\n"), **common)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.replace('"', "'").split())

@@ -1,0 +1,152 @@
+"""`dpsynth bench`: a grid of methods x PLMs x epsilons x seeds on one dataset.
+
+Each cell is an ordinary run directory under `OUT/cells/`, so the grid is
+resumable (finished cells are skipped, interrupted ones resumed) and every
+generation is shared through the request cache (e.g. WASP variants with the same
+seed ask identical zero-shot questions). Aug-PE runs once per PLM, as in the
+paper. `private_only` trains the downstream classifier on the private samples
+themselves: a non-DP reference line, labelled as such.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpsynth.errors import DpsynthError
+from dpsynth.runs.config import parse_config
+
+
+class Variant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    method: str = Field(..., description="wasp, augpe, fusegen or private_only")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="run-config keys to change")
+
+
+class BenchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = "bench"
+    base: dict[str, Any] = Field(..., description="run config shared by every cell (data, generators, ...)")
+    variants: list[Variant]
+    epsilons: list[float] = Field(default_factory=lambda: [4.0])
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
+    eval_distribution: bool = Field(True, description="FID, MAUVE, precision/recall per cell")
+
+
+def load_bench(path: Path) -> BenchConfig:
+    if not Path(path).is_file():
+        raise DpsynthError(f"{path}: bench config not found")
+    try:
+        return BenchConfig.model_validate(yaml.safe_load(Path(path).read_text()))
+    except Exception as err:  # pydantic and yaml errors: one line
+        raise DpsynthError(f"{path}: {str(err).splitlines()[0]}") from err
+
+
+def _merge(base: dict, overrides: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def cells(bench: BenchConfig) -> list[dict]:
+    """Every (variant, plm, epsilon, seed) cell with its full run config."""
+    out = []
+    for v in bench.variants:
+        plm_sets = [[g] for g in bench.base["generators"]] if v.method == "augpe" else [bench.base["generators"]]
+        epsilons = [None] if v.method in ("fusegen", "private_only") else bench.epsilons
+        for plms in plm_sets:
+            plm_tag = "+".join(g.get("name") or Path(g["model"]).stem for g in plms)
+            for eps in epsilons:
+                for seed in bench.seeds:
+                    raw = _merge(bench.base, v.overrides)
+                    raw.update(method=v.method if v.method != "private_only" else "fusegen", generators=plms,
+                               seed=seed)
+                    if eps is not None:
+                        raw = _merge(raw, {"privacy": {"epsilon": eps}})
+                    name = f"{v.name}-{plm_tag if v.method == 'augpe' else 'all'}-eps{eps}-seed{seed}"
+                    out.append({"name": name, "variant": v.name, "method": v.method, "plms": plm_tag,
+                                "epsilon": eps, "seed": seed, "config": raw})
+    return out
+
+
+def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
+             progress: Optional[Callable[[str, int, int], None]] = None) -> list[dict]:
+    from dpsynth.evaluate.run_eval import evaluate_run
+    from dpsynth.runs.run import Run, prepare_data
+
+    rows = []
+    for cell in cells(bench):
+        cell_dir = out / "cells" / cell["name"]
+        config = parse_config(cell["config"], cell["name"])
+        data = prepare_data(config)
+        if data.test is None:
+            raise DpsynthError("bench needs a real test set: use data.corpus or data.test")
+        if cell["method"] == "private_only":
+            row = _private_only(cell, data, config)
+        else:
+            if not (cell_dir / "metrics.json").exists():
+                log(f"running {cell['name']}")
+                runner = (Run.resume(cell_dir, progress=progress) if (cell_dir / "checkpoints").exists()
+                          else Run.create(config, cell_dir, progress=progress))
+                runner.execute()
+            if not (cell_dir / "eval.json").exists():
+                evaluate_run(cell_dir, data.test, with_mauve=bench.eval_distribution)
+            row = _row(cell, cell_dir)
+        rows.append(row)
+    _write_csv(out / "results.csv", rows)
+    return rows
+
+
+def _private_only(cell: dict, data, config) -> dict:
+    from dpsynth.embed.sentence import SentenceTransformerEmbedder
+    from dpsynth.evaluate.downstream import probe_scores
+
+    emb = SentenceTransformerEmbedder(config.embedder)
+    scores = probe_scores(emb.encode(data.private.texts), data.private.labels, emb.encode(data.test.texts),
+                          data.test.labels, seed=cell["seed"])
+    return {**_keys(cell), "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
+            "samples": len(data.private), "epsilon_spent": None, "note": "private samples, NOT DP (reference)"}
+
+
+def _keys(cell: dict) -> dict:
+    return {k: cell[k] for k in ("name", "variant", "method", "plms", "epsilon", "seed")}
+
+
+def _row(cell: dict, cell_dir: Path) -> dict:
+    metrics = json.loads((cell_dir / "metrics.json").read_text())
+    privacy = json.loads((cell_dir / "privacy.json").read_text())
+    ev = json.loads((cell_dir / "eval.json").read_text())
+    final = ev["final"]
+    return {
+        **_keys(cell),
+        "accuracy": final["probe"]["accuracy"],
+        "macro_f1": final["probe"]["macro_f1"],
+        "samples": final["samples"],
+        "epsilon_spent": privacy["epsilon"],
+        "fid": final["fid"],
+        "mauve": final.get("mauve"),
+        "precision": final["precision"],
+        "recall": final["recall"],
+        "wall_seconds": metrics["timings"]["wall"],
+        "note": "",
+    }
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,104 @@
+"""How close the synthetic distribution is to real text, on sentence embeddings.
+
+FID (Frechet distance of Gaussians fitted to the two embedding sets), MAUVE
+(mauve-text, on the same features), k-NN precision/recall (Kynkaanniemi et
+al. 2019) and diversity (mean pairwise cosine similarity, distinct-n). The
+reference set is a real *test* set: comparing against the private set would
+itself be a non-private release, so the caller must opt in and the report
+says so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+from scipy import linalg
+from sklearn.neighbors import NearestNeighbors
+
+
+def fid(a: np.ndarray, b: np.ndarray) -> float:
+    """||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2)); 0 for identical sets."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    mu_a, mu_b = a.mean(0), b.mean(0)
+    cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    covmean = np.real(linalg.sqrtm(cov_a @ cov_b))
+    value = float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * covmean))
+    return max(value, 0.0)
+
+
+def mauve_score(synthetic: np.ndarray, real: np.ndarray, seed: int = 0) -> float:
+    """MAUVE (Pillutla et al.) on precomputed features, via mauve-text."""
+    import mauve
+
+    out = mauve.compute_mauve(
+        p_features=np.asarray(synthetic, np.float32),
+        q_features=np.asarray(real, np.float32),
+        seed=seed,
+        verbose=False,
+        num_buckets=max(2, min(len(synthetic), len(real)) // 10),
+    )
+    return float(out.mauve)
+
+
+def knn_precision_recall(synthetic: np.ndarray, real: np.ndarray, k: int = 3) -> dict[str, float]:
+    """Precision: share of synthetic points inside the real manifold; recall: the converse."""
+
+    def radii(x: np.ndarray) -> np.ndarray:
+        nn = NearestNeighbors(n_neighbors=min(k + 1, len(x))).fit(x)
+        return nn.kneighbors(x)[0][:, -1]
+
+    def coverage(points: np.ndarray, ref: np.ndarray, ref_radii: np.ndarray) -> float:
+        inside = np.zeros(len(points), dtype=bool)
+        for start in range(0, len(points), 256):
+            d = np.linalg.norm(points[start : start + 256, None, :] - ref[None, :, :], axis=2)
+            inside[start : start + 256] = (d <= ref_radii[None, :]).any(axis=1)
+        return float(inside.mean())
+
+    synthetic, real = np.asarray(synthetic, np.float32), np.asarray(real, np.float32)
+    return {
+        "precision": coverage(synthetic, real, radii(real)),
+        "recall": coverage(real, synthetic, radii(synthetic)),
+    }
+
+
+def mean_pairwise_cosine(emb: np.ndarray) -> float:
+    """Average cosine similarity of distinct pairs (lower = more diverse)."""
+    x = np.asarray(emb, np.float64)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    n = len(x)
+    if n < 2:
+        return float("nan")
+    s = x.sum(0)
+    return float((s @ s - n) / (n * (n - 1)))
+
+
+def distinct_n(texts: Sequence[str], n: int) -> float:
+    """Unique n-grams over all n-grams (word level)."""
+    grams: Counter = Counter()
+    for t in texts:
+        words = t.lower().split()
+        grams.update(zip(*(words[i:] for i in range(n))))
+    total = sum(grams.values())
+    return len(grams) / total if total else 0.0
+
+
+def distribution_report(
+    synthetic_emb: np.ndarray,
+    synthetic_texts: Sequence[str],
+    real_emb: np.ndarray,
+    *,
+    with_mauve: bool = True,
+    seed: int = 0,
+) -> dict[str, float]:
+    report: dict[str, float] = {
+        "fid": fid(synthetic_emb, real_emb),
+        **knn_precision_recall(synthetic_emb, real_emb),
+        "mean_pairwise_cosine": mean_pairwise_cosine(synthetic_emb),
+        "distinct_1": distinct_n(synthetic_texts, 1),
+        "distinct_2": distinct_n(synthetic_texts, 2),
+    }
+    if with_mauve:
+        report["mauve"] = mauve_score(synthetic_emb, real_emb, seed=seed)
+    return report

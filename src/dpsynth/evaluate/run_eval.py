@@ -1,0 +1,92 @@
+"""`dpsynth eval`: score a finished run's synthetic data against a real test set.
+
+Downstream classifier (probe or fine-tuned encoder) trained on the synthetic
+data only; distribution metrics against the real test set; per-label counts;
+all of it per iteration (cumulative) where the method iterates. Written to
+`eval.json` in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+
+from dpsynth.data.corpora import cache_dir
+from dpsynth.data.records import LabelledTexts
+from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
+from dpsynth.errors import DpsynthError
+from dpsynth.evaluate.distribution import distribution_report
+from dpsynth.evaluate.downstream import probe_scores
+from dpsynth.privacy.ledger import atomic_write_text
+from dpsynth.runs.config import load_config
+
+
+def read_synthetic(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "synthetic.jsonl"
+    if not path.is_file():
+        raise DpsynthError(f"{run_dir}: no synthetic.jsonl; is the run finished?")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def evaluate_run(
+    run_dir: Path,
+    test: LabelledTexts,
+    *,
+    classifier: str = "probe",
+    with_mauve: bool = True,
+    per_iteration: bool = True,
+) -> dict:
+    run_dir = Path(run_dir)
+    config = load_config(run_dir / "config.yaml")
+    rows = read_synthetic(run_dir)
+    if not rows:
+        raise DpsynthError(f"{run_dir}: synthetic.jsonl is empty")
+    embedder = SentenceTransformerEmbedder(config.embedder)
+    synth = CachedEmbedder(embedder, run_dir / "cache" / "embeddings.sqlite")
+    public = CachedEmbedder(embedder, cache_dir() / "embeddings-public.sqlite")
+    test_emb = public.encode(test.texts)
+    emb = synth.encode([r["text"] for r in rows])
+    iterations = sorted({r.get("iteration", 0) for r in rows})
+    cutoffs = iterations if per_iteration else iterations[-1:]
+    out: dict = {"test_size": len(test), "reference": "real test set (not the private data)", "iterations": []}
+    for last in cutoffs:
+        idx = [i for i, r in enumerate(rows) if r.get("iteration", 0) <= last]
+        texts = [rows[i]["text"] for i in idx]
+        labels = [rows[i]["label"] for i in idx]
+        entry = {
+            "up_to_iteration": last,
+            "samples": len(idx),
+            "per_label": dict(Counter(labels)),
+            "probe": probe_scores(emb[idx], labels, test_emb, test.labels, seed=config.seed),
+            **distribution_report(emb[idx], texts, test_emb, with_mauve=with_mauve, seed=config.seed),
+        }
+        out["iterations"].append(entry)
+    final = out["iterations"][-1]
+    if classifier == "finetune":
+        from dpsynth.evaluate.finetune_classifier import finetune_scores
+
+        final["finetuned_encoder"] = finetune_scores(
+            [r["text"] for r in rows], [r["label"] for r in rows], test.texts, test.labels
+        )
+    out["final"] = final
+    atomic_write_text(run_dir / "eval.json", json.dumps(out, indent=2, default=float))
+    return out
+
+
+def summary_rows(result: dict) -> list[str]:
+    lines = []
+    for e in result["iterations"]:
+        mauve = f", MAUVE {e['mauve']:.3f}" if "mauve" in e else ""
+        lines.append(
+            f"iteration <= {e['up_to_iteration']}: n={e['samples']}, accuracy {e['probe']['accuracy']:.4f}, "
+            f"macro-F1 {e['probe']['macro_f1']:.4f}, FID {e['fid']:.4f}{mauve}, precision {e['precision']:.3f}, "
+            f"recall {e['recall']:.3f}, distinct-2 {e['distinct_2']:.3f}"
+        )
+    ft = result["final"].get("finetuned_encoder")
+    if ft:
+        lines.append(f"fine-tuned encoder: accuracy {ft['accuracy']:.4f}, macro-F1 {ft['macro_f1']:.4f}")
+    return lines
+
+

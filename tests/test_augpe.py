@@ -1,0 +1,70 @@
+"""Aug-PE's pieces and its accounting; FuseGen's allocation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpsynth.algorithms.augpe import select_parents, vote_weights
+from dpsynth.algorithms.common import SyntheticSample
+from dpsynth.data.records import TaskSpec
+from dpsynth.privacy.plans import augpe_plan
+from dpsynth.prompts.builder import build_variation_request
+from dpsynth.runs.config import parse_config
+
+TASK = TaskSpec("movie review", {"pos": "a positive review", "neg": "a negative review"}, description="Reviews.")
+
+
+def test_vote_weights_have_unit_norm() -> None:
+    assert vote_weights("top1", 5) == [1.0]
+    assert math.isclose(np.linalg.norm(vote_weights("knn", 4)), 1.0)
+
+
+def test_augpe_sigma_equals_gaussian_dp_table() -> None:
+    # PRIVACY.md: eps 4, delta 1e-5: sigma 2.162 for 4 releases, 3.419 for 10
+    assert augpe_plan(5).sigma_for(4.0, 1e-5) == pytest.approx(2.162, rel=5e-3)
+    assert augpe_plan(11).sigma_for(4.0, 1e-5) == pytest.approx(3.419, rel=5e-3)
+
+
+def _population() -> list[SyntheticSample]:
+    return [SyntheticSample(i, f"text {i}", "pos" if i < 4 else "neg", "p", 0) for i in range(8)]
+
+
+def test_rank_selection_takes_top_and_cycles() -> None:
+    noisy = np.array([0.1, 5.0, -2.0, 3.0, 1.0, 0.0, 0.0, 9.0])
+    parents = select_parents(noisy, _population(), {"pos": 3, "neg": 1}, "rank", np.random.default_rng(0))
+    assert [p.id for p in parents["pos"]] == [1, 3, 0]
+    assert [p.id for p in parents["neg"]] == [7]
+
+
+def test_sampling_selection_follows_noisy_votes_and_never_picks_zero() -> None:
+    noisy = np.array([0.0, 10.0, -3.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    parents = select_parents(noisy, _population(), {"pos": 50, "neg": 40}, "sample", np.random.default_rng(0))
+    assert {p.id for p in parents["pos"]} == {1}
+    assert len({p.id for p in parents["neg"]}) == 4
+    uniform = select_parents(np.full(8, -1.0), _population(), {"pos": 40}, "sample", np.random.default_rng(1))
+    assert len({p.id for p in uniform["pos"]}) == 4  # all-negative votes: uniform, not a crash
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("kind", ["paraphrase", "fill_blank"])
+def test_variation_requests(chat: bool, kind: str) -> None:
+    parent = "a warm and funny film with a great cast and a sharp script"
+    req = build_variation_request(TASK, "pos", parent, chat=chat, kind=kind, rng_seed=3, fill_ratio=0.5)
+    text = req.prompt_text()
+    if kind == "paraphrase":
+        assert parent in text
+    else:
+        assert "_" in text and parent not in text
+    assert ("about 13 words" in text) == (kind == "paraphrase" or chat)
+
+
+def test_augpe_takes_one_plm() -> None:
+    from dpsynth.errors import DpsynthError
+
+    base = {"data": {"corpus": "trec", "m": 10}, "method": "augpe",
+            "generators": [{"model": "a.gguf", "name": "a"}, {"model": "b.gguf", "name": "b"}]}
+    with pytest.raises(DpsynthError, match="exactly one PLM"):
+        parse_config(base)
