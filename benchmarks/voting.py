@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/voting.py --m 2000 --n 20000   # quick
 
 Both run in this process on the same random embeddings (unit-normalised, 2 labels) and must
-give identical histograms; the output is the ratio of wall time and of peak traced memory
+give the same histograms (up to float32 near-ties); the output is the ratio of wall time and of peak traced memory
 (numpy allocations are visible to tracemalloc). Absolute times on shared machines are noise.
 """
 
@@ -67,8 +67,11 @@ def main() -> None:
     pl, sl = rng.integers(0, 2, args.m), rng.integers(0, 2, args.n)
     ours, t_ours, mem_ours = measure(wasp_votes, private, pl, synthetic, sl, args.q)
     naive, t_naive, mem_naive = measure(naive_wasp_votes, private, pl, synthetic, sl, args.q)
-    same = np.allclose(ours, naive)
-    print(f"voting M={args.m} x N={args.n} x d={args.dim}, Q={args.q}; identical histograms: {same}")
+    # Near-ties between float32 distances (computed two ways) may swap ranks: allow a tiny share.
+    moved = np.abs(ours - naive).sum() / (2 * naive.sum())
+    same = np.isclose(ours.sum(), naive.sum()) and moved < 1e-3
+    print(f"voting M={args.m} x N={args.n} x d={args.dim}, Q={args.q}; vote mass moved by float near-ties: "
+          f"{moved:.2e} (agree: {same})")
     print(f"  naive full matrix: {t_naive:8.2f} s, peak {mem_naive / 2**20:9.1f} MiB")
     print(f"  dpsynth (blocked): {t_ours:8.2f} s, peak {mem_ours / 2**20:9.1f} MiB")
     print(f"  speed-up {t_naive / t_ours:.2f}x, memory ratio {mem_naive / mem_ours:.1f}x less")

@@ -58,3 +58,12 @@ def test_fewer_candidates_than_q_and_label_without_candidates() -> None:
 def test_shape_mismatch_is_an_error() -> None:
     with pytest.raises(ValueError, match="embedding shapes"):
         rank_votes(np.zeros((2, 3)), [0, 0], np.zeros((2, 4)), [0, 0], [1.0])
+
+
+def test_numpy_and_torch_selection_agree() -> None:
+    from dpsynth.voting.rank_votes import _extremes, _extremes_numpy
+
+    score = np.random.default_rng(5).normal(size=(20, 50)).astype(np.float32)
+    for k in (1, 8, 30):
+        for a, b in zip(_extremes(score, k, True, True), _extremes_numpy(score, k, True, True)):
+            np.testing.assert_array_equal(a, b)

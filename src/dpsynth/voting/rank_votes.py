@@ -21,6 +21,11 @@ import numpy as np
 
 DEFAULT_BLOCK_BYTES = 64 * 2**20
 
+try:  # optional accelerator for top-k selection
+    import torch as _torch
+except ImportError:  # pragma: no cover - numpy path is tested directly
+    _torch = None
+
 
 def decaying_weights(q: int) -> list[float]:
     """WASP's vote weights 1, 1/2, ..., 2^-(q-1). (The reference code's `2^(Q-1)` is XOR in Python.)"""
@@ -67,21 +72,46 @@ def rank_votes(
         rows_per_block = max(1, block_bytes // (4 * len(cand)))
         for start in range(0, len(voters), rows_per_block):
             block = voters[start : start + rows_per_block]
-            score = s_sq[None, :] - 2.0 * (block @ s.T)  # squared distance minus the row constant
-            for side in sides:
-                top = _k_smallest_sorted(score if side == "near" else -score, k)
-                np.add.at(hists[side], cand[top], np.broadcast_to(w[:k], top.shape))
+            score = block @ s.T  # squared distance minus the row constant, built in place
+            score *= -2.0
+            score += s_sq[None, :]
+            for side, top in zip(sides, _extremes(score, k, "near" in sides, "far" in sides)):
+                hists[side] += np.bincount(
+                    cand[top].ravel(), weights=np.tile(w[:k], len(top)), minlength=len(synthetic)
+                )
     return [hists[side] for side in sides]
 
 
-def _k_smallest_sorted(score: np.ndarray, k: int) -> np.ndarray:
-    """Column indices of the k smallest entries of each row, in increasing order."""
-    if k < score.shape[1]:
-        part = np.argpartition(score, k - 1, axis=1)[:, :k]
+def _extremes(score: np.ndarray, k: int, nearest: bool, furthest: bool) -> list[np.ndarray]:
+    """Column indices of the k smallest (increasing) and/or k largest (decreasing) entries per row.
+
+    torch.topk (multi-threaded, installed with the local extra) is 4-8x faster than
+    numpy's argpartition here; without torch, one argpartition serves both ends.
+    """
+    if _torch is not None:
+        t = _torch.from_numpy(score)
+        return [
+            _torch.topk(t, k, dim=1, largest=largest, sorted=True).indices.numpy()
+            for largest, wanted in ((False, nearest), (True, furthest))
+            if wanted
+        ]
+    return _extremes_numpy(score, k, nearest, furthest)
+
+
+def _extremes_numpy(score: np.ndarray, k: int, nearest: bool, furthest: bool) -> list[np.ndarray]:
+    n = score.shape[1]
+    if 2 * k < n:
+        kth = [k - 1] * nearest + [n - k] * furthest
+        part = np.argpartition(score, kth, axis=1)
+        candidates = [(part[:, :k], 1.0)] * nearest + [(part[:, n - k :], -1.0)] * furthest
     else:
-        part = np.broadcast_to(np.arange(score.shape[1]), (score.shape[0], score.shape[1]))
-    order = np.argsort(np.take_along_axis(score, part, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, axis=1)
+        everything = np.broadcast_to(np.arange(n), score.shape)
+        candidates = [(everything, 1.0)] * nearest + [(everything, -1.0)] * furthest
+    out = []
+    for idx, sign in candidates:
+        order = np.argsort(sign * np.take_along_axis(score, idx, axis=1), axis=1, kind="stable")[:, :k]
+        out.append(np.take_along_axis(idx, order, axis=1))
+    return out
 
 
 def wasp_votes(
