@@ -22,9 +22,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dpsynth.algorithms.common import GenerationPlan, SyntheticSample, generate_samples, plan_counts, request_seed
+from dpsynth.algorithms.common import (
+    GenerationPlan,
+    SyntheticSample,
+    generate_samples,
+    plan_counts,
+    request_seed,
+    zero_shot_requests,
+)
 from dpsynth.privacy.plans import ReleasePlan, augpe_plan
-from dpsynth.prompts.builder import PromptSettings, build_request, build_variation_request
+from dpsynth.prompts.builder import PromptSettings, build_variation_request
 from dpsynth.runs.config import RunConfig
 from dpsynth.voting.rank_votes import rank_votes
 
@@ -100,10 +107,7 @@ class AugPEMethod:
         plans = plan_counts(a.n, {plm: 1.0}, ctx.label_shares)
         record: dict = {"iteration": t}
         if t == 0:
-            def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
-                return [(label, build_request(task, label, chat=chat, settings=settings,
-                                              seed=request_seed(seed, "random_api", label, attempt, j)))
-                        for label, count in plan.per_label.items() for j in range(count)]
+            make_requests = zero_shot_requests(task, settings, seed, "random_api")
         else:
             noisy = self._noisy_votes(ctx, state, t)
             rng = np.random.default_rng(request_seed(seed, "augpe.select", t))

@@ -8,8 +8,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from dpsynth.data.records import TaskSpec
 from dpsynth.llm.base import GenerationRequest
 from dpsynth.llm.cache import CachedGenerator
+from dpsynth.prompts.builder import PromptSettings, build_request
 from dpsynth.prompts.cleaning import CleaningStats, clean_generation
 
 
@@ -57,6 +59,20 @@ def plan_counts(total: int, weights: dict[str, float], label_shares: dict[str, f
 def request_seed(*parts: object) -> int:
     """A stable 32-bit seed from named parts, so reruns ask exactly the same questions."""
     return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:4], "big")
+
+
+def zero_shot_requests(task: TaskSpec, settings: PromptSettings, *seed_parts: object) -> RequestMaker:
+    """Zero-shot requests (no examples) seeded by `seed_parts` + PLM, label, attempt and index."""
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool) -> list[tuple[str, GenerationRequest]]:
+        return [
+            (label, build_request(task, label, chat=chat, settings=settings,
+                                  seed=request_seed(*seed_parts, plan.plm, label, attempt, j)))
+            for label, count in plan.per_label.items()
+            for j in range(count)
+        ]
+
+    return make
 
 
 def generate_samples(

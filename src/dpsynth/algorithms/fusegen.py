@@ -10,8 +10,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from dpsynth.algorithms.common import GenerationPlan, SyntheticSample, generate_samples, plan_counts, request_seed
-from dpsynth.prompts.builder import PromptSettings, build_request
+from dpsynth.algorithms.common import SyntheticSample, generate_samples, plan_counts, zero_shot_requests
+from dpsynth.prompts.builder import PromptSettings
 from dpsynth.runs.config import RunConfig
 
 if TYPE_CHECKING:
@@ -51,11 +51,7 @@ class FuseGenMethod:
         f, seed, task = ctx.config.fusegen, ctx.config.seed, ctx.data.task
         settings = PromptSettings(max_tokens=f.max_tokens, temperature=f.temperature, top_p=f.top_p)
         plms = {g.display_name: 1.0 for g in ctx.config.generators}
-
-        def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
-            return [(label, build_request(task, label, chat=chat, settings=settings,
-                                          seed=request_seed(seed, "fusegen", plan.plm, label, attempt, j)))
-                    for label, count in plan.per_label.items() for j in range(count)]
+        make_requests = zero_shot_requests(task, settings, seed, "fusegen")
 
         t0 = time.perf_counter()
         new, stats = generate_samples(t, plans=plan_counts(f.n, plms, ctx.label_shares), generators=ctx.generators,
