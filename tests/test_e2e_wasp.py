@@ -114,6 +114,7 @@ def test_privacy_boundary_with_canaries(tmp_path: Path) -> None:
         if path.suffix == ".json":
             for values in numeric_lists(json.loads(path.read_text())):
                 assert len(values) < min(pool, 2 * 8), f"{path.name} holds a per-sample numeric vector"
+    assert "M=" not in (run_dir / "run.log").read_text(), "the exact private record count is not logged"
     privacy = json.loads((run_dir / "privacy.json").read_text())
     assert privacy["epsilon"] <= 4.0 and len(privacy["events"]) == 2
     assert privacy["noise"]["for_release"] is False

@@ -109,12 +109,15 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
 
 
 def _private_only(cell: dict, data, config) -> dict:
-    from dpsynth.embed.sentence import SentenceTransformerEmbedder
+    from dpsynth.data.corpora import cache_dir
+    from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
     from dpsynth.evaluate.downstream import probe_scores
 
     emb = SentenceTransformerEmbedder(config.embedder)
-    scores = probe_scores(emb.encode(data.private.texts), data.private.labels, emb.encode(data.test.texts),
-                          data.test.labels, seed=cell["seed"])
+    test_emb = CachedEmbedder(emb, cache_dir() / "embeddings-public.sqlite").encode(data.test.texts)
+    # private embeddings: in memory only, as everywhere else
+    scores = probe_scores(emb.encode(data.private.texts), data.private.labels, test_emb, data.test.labels,
+                          seed=cell["seed"])
     return {**_keys(cell), "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
             "samples": len(data.private), "epsilon_spent": None, "note": "private samples, NOT DP (reference)"}
 

@@ -52,7 +52,3 @@ def _read(path: Path, kind: str) -> pd.DataFrame:
         return pd.read_json(path, lines=True, encoding="utf-8", dtype=False)
     return pd.read_parquet(path)
 
-
-def save_labelled(data: LabelledTexts, path: Path) -> None:
-    """Write a labelled CSV (used to hand public splits to the user)."""
-    pd.DataFrame({"text": data.texts, "label": data.labels}).to_csv(path, index=False)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
-
 import numpy as np
 
 
@@ -21,9 +19,6 @@ class LabelledTexts:
 
     def __len__(self) -> int:
         return len(self.texts)
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        return iter(zip(self.texts, self.labels))
 
     def subset(self, index: np.ndarray | list[int]) -> "LabelledTexts":
         return LabelledTexts([self.texts[i] for i in index], [self.labels[i] for i in index])

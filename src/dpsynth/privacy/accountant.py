@@ -105,14 +105,6 @@ def epsilon_pld(events: Sequence[PrivacyEvent], delta: float, adjacency: Adjacen
     return float(pld.get_epsilon_for_delta(delta))
 
 
-def delta_pld(events: Sequence[PrivacyEvent], epsilon: float, adjacency: Adjacency = Adjacency.ADD_REMOVE) -> float:
-    """Tight delta at `epsilon` for the composition of `events`."""
-    pld = _pld(events, adjacency)
-    if pld is None:
-        return 0.0
-    return float(pld.get_delta_for_epsilon(epsilon))
-
-
 def _rdp_event(e: PrivacyEvent) -> dpe.DpEvent:
     if isinstance(e, GaussianEvent):
         inner: dpe.DpEvent = dpe.GaussianDpEvent(e.noise_multiplier)

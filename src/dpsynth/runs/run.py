@@ -278,7 +278,8 @@ class Run:
             shares = self._label_shares(data, ledger, noise)
             usage_saved: dict = {}
             timings: dict[str, float] = {}
-            log.info("start %s: M=%d, sigma=%s", cfg.method, len(data.private), sigma)
+            # The exact number of private records is itself an un-noised count: never logged.
+            log.info("start %s: sigma=%s", cfg.method, sigma)
         else:
             sigma = saved["sigma"]
             ledger = PrivacyLedger.from_dict(saved["ledger"])
