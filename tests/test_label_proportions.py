@@ -49,3 +49,24 @@ def test_public_proportions_are_used_and_checked(tmp_path: Path) -> None:
     bad = parse_config(_config(tmp_path, {"spam": 1}))
     with pytest.raises(DpsynthError, match="positive share for each"):
         Run(bad, tmp_path / "d")._label_shares(prepare_data(bad), ledger, NoiseSource(1))
+
+
+def test_infinite_epsilon_run_releases_votes_without_noise_and_says_not_dp(tmp_path: Path) -> None:
+    import math
+
+    import numpy as np
+
+    from dpsynth.runs.run import RunContext
+
+    raw = _config(tmp_path, "uniform")
+    raw["privacy"]["epsilon"] = "inf"
+    cfg = parse_config(raw)
+    run = Run(cfg, tmp_path / "e")
+    assert math.isinf(cfg.privacy.epsilon) and run.calibrate() == 0.0
+    ledger = PrivacyLedger(cfg.privacy.epsilon, cfg.privacy.delta)
+    ctx = RunContext(config=cfg, dir=tmp_path, data=prepare_data(cfg), generators={}, embedder=None,
+                     synth_embedder=None, ledger=ledger, noise=NoiseSource(None),
+                     plan=run.method.release_plan(cfg), sigma=0.0, label_shares={}, progress=None)
+    votes = np.array([3.0, 0.0, 5.0])
+    assert np.array_equal(ctx.release_votes(votes, 1), votes)
+    assert not ledger.is_private and ledger.spent().epsilon == math.inf

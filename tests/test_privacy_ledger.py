@@ -109,3 +109,26 @@ def test_report_lists_everything_and_compares_with_paper() -> None:
     assert report["accountant"]["epsilon_rdp"] > report["epsilon"]
     text = "\n".join(summary_lines(report))
     assert "9.6896" in text and "NOT FOR RELEASE" in text
+
+
+def test_non_private_release_only_in_an_infinite_budget_run_and_reported_as_not_dp() -> None:
+    import math
+
+    from dpsynth.privacy.ledger import BudgetExceededError
+    from dpsynth.privacy.report import privacy_report, summary_lines
+
+    finite = PrivacyLedger(4.0, 1e-5)
+    with pytest.raises(BudgetExceededError, match="epsilon = inf"):
+        finite.record_non_private("wasp.votes.1")
+    ledger = PrivacyLedger(math.inf, 1e-5)
+    assert ledger.is_private
+    ledger.record_non_private("wasp.votes.1")
+    with pytest.raises(DoubleSpendError):
+        ledger.record_non_private("wasp.votes.1")
+    assert ledger.spent().epsilon == math.inf
+    restored = PrivacyLedger.from_dict(json.loads(json.dumps(ledger.to_dict())))
+    assert not restored.is_private and restored.non_private_releases == ("wasp.votes.1",)
+    report = privacy_report(restored, noise_mode="secure")
+    text = json.dumps(report, allow_nan=False)  # strict JSON: no Infinity
+    assert '"differentially_private": false' in text and report["epsilon"] is None
+    assert "NOT DP" in summary_lines(report)[0]

@@ -32,8 +32,8 @@ from dpsynth.algorithms.common import (
 )
 from dpsynth.privacy.plans import ReleasePlan, augpe_plan
 from dpsynth.prompts.builder import PromptSettings, build_variation_request
-from dpsynth.runs.config import RunConfig
-from dpsynth.voting.rank_votes import rank_votes
+from dpsynth.runs.config import RunConfig, plan_parties, records_per_unit
+from dpsynth.voting.spec import VoteSpec
 
 if TYPE_CHECKING:
     from dpsynth.runs.run import RunContext
@@ -91,8 +91,9 @@ class AugPEMethod:
         return config.augpe.iterations
 
     def release_plan(self, config: RunConfig) -> ReleasePlan:
-        p = config.privacy
-        return augpe_plan(config.augpe.iterations, adjacency=p.adjacency, max_records_per_user=p.max_records_per_user)
+        parties, min_parties = plan_parties(config)
+        return augpe_plan(config.augpe.iterations, adjacency=config.privacy.adjacency,
+                          max_records_per_user=records_per_unit(config), parties=parties, min_parties=min_parties)
 
     def new_state(self, config: RunConfig) -> AugPEState:
         return AugPEState()
@@ -140,13 +141,9 @@ class AugPEMethod:
         a = ctx.config.augpe
         ctx.phase(f"iteration {t}: embed + vote + noise", 0)
         synth = ctx.embed_synthetic(state.population)
-        private = ctx.private_embeddings()
-        t0 = time.perf_counter()
-        (votes,) = rank_votes(private, ctx.data.private.label_ids(ctx.data.task.label_names), synth,
-                              ctx.label_ids(state.population), vote_weights(a.votes, a.k))
-        noisy = ctx.release_votes(votes, t)
+        spec = VoteSpec(kind="rank", weights=tuple(vote_weights(a.votes, a.k)))
+        noisy = ctx.noisy_votes(spec, synth, ctx.label_ids(state.population), t)
         noisy[noisy < a.threshold] = 0.0
-        ctx.add_time("voting", t0)
         ctx.phase(f"iteration {t}: embed + vote + noise", 1)
         return noisy
 

@@ -36,8 +36,8 @@ from dpsynth.data.records import TaskSpec
 from dpsynth.llm.base import GenerationRequest
 from dpsynth.privacy.plans import ReleasePlan, wasp_plan
 from dpsynth.prompts.builder import PromptSettings, build_request
-from dpsynth.runs.config import RunConfig
-from dpsynth.voting.rank_votes import wasp_votes
+from dpsynth.runs.config import RunConfig, plan_parties, records_per_unit
+from dpsynth.voting.spec import VoteSpec
 
 if TYPE_CHECKING:
     from dpsynth.runs.run import RunContext
@@ -140,9 +140,9 @@ class WaspMethod:
         return config.wasp.iterations
 
     def release_plan(self, config: RunConfig) -> ReleasePlan:
-        p = config.privacy
-        return wasp_plan(config.wasp.iterations, config.wasp.q, adjacency=p.adjacency,
-                         max_records_per_user=p.max_records_per_user)
+        parties, min_parties = plan_parties(config)
+        return wasp_plan(config.wasp.iterations, config.wasp.q, adjacency=config.privacy.adjacency,
+                         max_records_per_user=records_per_unit(config), parties=parties, min_parties=min_parties)
 
     def new_state(self, config: RunConfig) -> WaspState:
         return WaspState(weights={g.display_name: 1.0 / len(config.generators) for g in config.generators})
@@ -182,12 +182,8 @@ class WaspMethod:
 
     def _noisy_votes(self, ctx: "RunContext", state: WaspState, t: int) -> tuple[np.ndarray, np.ndarray]:
         synth = ctx.embed_synthetic(state.samples)
-        private = ctx.private_embeddings()
-        t0 = time.perf_counter()
-        votes = wasp_votes(private, ctx.data.private.label_ids(ctx.data.task.label_names), synth,
-                           ctx.label_ids(state.samples), ctx.config.wasp.q)
-        noisy = ctx.release_votes(votes, t + 1)  # the clean vector never leaves this function
-        ctx.add_time("voting", t0)
+        spec = VoteSpec(kind="wasp", q=ctx.config.wasp.q)
+        noisy = ctx.noisy_votes(spec, synth, ctx.label_ids(state.samples), t + 1)
         n = len(state.samples)
         return noisy[:n], noisy[n:]
 

@@ -28,6 +28,9 @@ class Variant(BaseModel):
     name: str
     method: str = Field(..., description="wasp, augpe, fusegen or private_only")
     overrides: dict[str, Any] = Field(default_factory=dict, description="run-config keys to change")
+    epsilons: Optional[list[float]] = Field(None, description="this variant's epsilons (default: the bench's); "
+                                            "inf = non-private reference")
+    plms: Optional[list[str]] = Field(None, description="generator names to use (Aug-PE: each runs alone)")
 
 
 class BenchConfig(BaseModel):
@@ -63,10 +66,14 @@ def cells(bench: BenchConfig) -> list[dict]:
     """Every (variant, plm, epsilon, seed) cell with its full run config."""
     out = []
     for v in bench.variants:
-        plm_sets = [[g] for g in bench.base["generators"]] if v.method == "augpe" else [bench.base["generators"]]
-        epsilons = [None] if v.method in ("fusegen", "private_only") else bench.epsilons
+        generators = [g for g in bench.base["generators"] if v.plms is None or _plm_name(g) in v.plms]
+        if not generators:
+            raise DpsynthError(f"variant {v.name}: none of plms {v.plms} is in base.generators")
+        plm_sets = [[g] for g in generators] if v.method == "augpe" else [generators]
+        epsilons: list[Optional[float]] = (
+            [None] if v.method in ("fusegen", "private_only") else list(v.epsilons or bench.epsilons))
         for plms in plm_sets:
-            plm_tag = "+".join(g.get("name") or Path(g["model"]).stem for g in plms)
+            plm_tag = "+".join(_plm_name(g) for g in plms)
             for eps in epsilons:
                 for seed in bench.seeds:
                     raw = _merge(bench.base, v.overrides)
@@ -78,6 +85,10 @@ def cells(bench: BenchConfig) -> list[dict]:
                     out.append({"name": name, "variant": v.name, "method": v.method, "plms": plm_tag,
                                 "epsilon": eps, "seed": seed, "config": raw})
     return out
+
+
+def _plm_name(generator: dict) -> str:
+    return generator.get("name") or Path(generator["model"]).stem
 
 
 def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,

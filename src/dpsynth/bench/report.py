@@ -53,16 +53,20 @@ def html_report(rows: list[dict], out_dir: Path, title: str) -> str:
 
     images = []
     fig, ax = plt.subplots(figsize=(6, 4))
+    finite = sorted({r["epsilon"] for r in rows if r["epsilon"] is not None and np.isfinite(r["epsilon"])})
+    inf_at = 2 * finite[-1] if finite else 1.0  # eps = inf (non-private) drawn one step right of the largest
     for (variant, plms), by_eps in _group(rows).items():
         eps = sorted(e for e in by_eps if e is not None)
         if eps:
-            ax.errorbar(eps, [np.mean([r["accuracy"] for r in by_eps[e]]) for e in eps],
+            ax.errorbar([e if np.isfinite(e) else inf_at for e in eps], [np.mean([r["accuracy"] for r in by_eps[e]]) for e in eps],
                         yerr=[np.std([r["accuracy"] for r in by_eps[e]]) for e in eps], marker="o",
                         label=f"{variant} ({plms})", capsize=3)
         elif None in by_eps:
             ax.axhline(np.mean([r["accuracy"] for r in by_eps[None]]), ls="--", label=f"{variant} ({plms})")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("epsilon")
+    has_inf = any(r["epsilon"] == np.inf for r in rows)
+    ax.set_xticks(finite + [inf_at] * has_inf, [f"{e:g}" for e in finite] + ["inf"] * has_inf)
+    ax.set_xlabel("epsilon (inf = non-private)")
     ax.set_ylabel("test accuracy")
     ax.legend(fontsize=7)
     images.append(("accuracy vs epsilon", _png(fig)))

@@ -67,7 +67,7 @@ class CachedEmbedder:
         self.inner = inner
         self.name = inner.name
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), isolation_level=None)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
 
     def _key(self, text: str) -> str:

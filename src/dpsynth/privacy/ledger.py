@@ -11,6 +11,7 @@ it already paid for is stopped instead of silently spending twice.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -56,6 +57,7 @@ class PrivacyLedger:
         delta: float,
         assumptions: Assumptions | None = None,
         events: Sequence[PrivacyEvent] = (),
+        non_private_releases: Sequence[str] = (),
     ) -> None:
         if epsilon_budget <= 0:
             raise DpsynthError(f"epsilon must be > 0 (got {epsilon_budget}); use a positive budget such as 4")
@@ -65,6 +67,7 @@ class PrivacyLedger:
         self.delta = float(delta)
         self.assumptions = assumptions or Assumptions()
         self._events: list[PrivacyEvent] = list(events)
+        self._non_private: list[str] = list(non_private_releases)
 
     @property
     def adjacency(self) -> Adjacency:
@@ -74,8 +77,19 @@ class PrivacyLedger:
     def events(self) -> tuple[PrivacyEvent, ...]:
         return tuple(self._events)
 
+    @property
+    def is_private(self) -> bool:
+        """False once an un-noised release was made (an epsilon = inf reference run)."""
+        return not self._non_private
+
+    @property
+    def non_private_releases(self) -> tuple[str, ...]:
+        return tuple(self._non_private)
+
     def spent(self) -> EpsilonReport:
         """Epsilon spent so far at the run's delta, with the RDP cross-check."""
+        if self._non_private:
+            return EpsilonReport(epsilon=math.inf, epsilon_rdp=math.inf, delta=self.delta)
         return account(self._events, self.delta, self.adjacency)
 
     def epsilon_with(self, extra: Sequence[PrivacyEvent]) -> float:
@@ -95,6 +109,21 @@ class PrivacyLedger:
             )
         self._events.append(event)
 
+    def record_non_private(self, name: str) -> None:
+        """Charge an un-noised release: only a ledger opened with epsilon = inf accepts it.
+
+        Used by the non-private reference runs of an epsilon sweep; the run's report then
+        says epsilon = inf and "NOT DP" instead of a number.
+        """
+        if math.isfinite(self.epsilon_budget):
+            raise BudgetExceededError(
+                f"release '{name}' without noise needs an epsilon = inf (non-private) run; "
+                f"this run's budget is {self.epsilon_budget:g}"
+            )
+        if name in self._non_private or any(e.name == name for e in self._events):
+            raise DoubleSpendError(f"privacy event '{name}' is already in the ledger; refusing to release it twice")
+        self._non_private.append(name)
+
     # -- persistence -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +131,7 @@ class PrivacyLedger:
             "delta": self.delta,
             "assumptions": self.assumptions.model_dump(mode="json"),
             "events": _EVENTS.dump_python(self._events, mode="json"),
+            "non_private_releases": list(self._non_private),
         }
 
     @classmethod
@@ -111,6 +141,7 @@ class PrivacyLedger:
             delta=data["delta"],
             assumptions=Assumptions.model_validate(data["assumptions"]),
             events=_EVENTS.validate_python(data["events"]),
+            non_private_releases=data.get("non_private_releases", ()),
         )
 
     def save(self, path: Path) -> None:

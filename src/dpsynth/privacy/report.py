@@ -8,6 +8,7 @@ the same content for the terminal.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from importlib.metadata import version
 from pathlib import Path
@@ -26,16 +27,19 @@ def privacy_report(
     sigma: float | None = None,
 ) -> dict[str, Any]:
     spent = ledger.spent()
+    private = ledger.is_private
     report: dict[str, Any] = {
-        "epsilon": spent.epsilon,
+        # JSON has no infinity: a non-private run reports epsilon null and says so.
+        "differentially_private": private,
+        "epsilon": spent.epsilon if private else None,
         "delta": ledger.delta,
-        "epsilon_budget": ledger.epsilon_budget,
+        "epsilon_budget": ledger.epsilon_budget if math.isfinite(ledger.epsilon_budget) else None,
         "within_budget": spent.epsilon <= ledger.epsilon_budget * (1 + 1e-6),
         "accountant": {
             "primary": f"PLD (dp-accounting {version('dp-accounting')}), pessimistic, "
             f"discretisation {PLD_DISCRETIZATION:g}",
             "cross_check": "RDP (dp-accounting), an upper bound",
-            "epsilon_rdp": spent.epsilon_rdp,
+            "epsilon_rdp": spent.epsilon_rdp if private else None,
             "gaussian_dp_mu": gaussian_mu(ledger.events) or None,
         },
         "assumptions": ledger.assumptions.model_dump(mode="json"),
@@ -45,7 +49,10 @@ def privacy_report(
         },
         "events": ledger.to_dict()["events"],
     }
-    if plan is not None and sigma is not None:
+    if not private:
+        report["non_private_releases"] = list(ledger.non_private_releases)
+        report["warning"] = "NOT DP: votes were released without noise (epsilon = inf reference run)"
+    if plan is not None and sigma and math.isfinite(ledger.epsilon_budget):
         paper = plan.paper(ledger.epsilon_budget, ledger.delta)
         report["plan"] = {
             "method": plan.method,
@@ -73,9 +80,11 @@ def write_privacy_report(path: Path, report: dict[str, Any]) -> None:
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     acc = report["accountant"]
+    if not report["differentially_private"]:
+        return [report["warning"], f"un-noised releases: {', '.join(report['non_private_releases'])}"]
     lines = [
         f"epsilon spent: {report['epsilon']:.4f} at delta={report['delta']:g} "
-        f"(budget {report['epsilon_budget']:g}; RDP cross-check {_fmt(acc['epsilon_rdp'])})",
+        f"(budget {report['epsilon_budget'] or 'inf'}; RDP cross-check {_fmt(acc['epsilon_rdp'])})",
         f"accountant: {acc['primary']}",
         f"noise: {report['noise']['mode']}",
         "assumptions: " + "; ".join(f"{k}={v}" for k, v in report["assumptions"].items()),

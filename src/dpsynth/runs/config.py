@@ -50,8 +50,8 @@ class DataConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataConfig":
-        if (self.private is None) == (self.corpus is None):
-            raise ValueError("give exactly one of data.private (your file) or data.corpus (a public corpus)")
+        if self.private is not None and self.corpus is not None:
+            raise ValueError("give one of data.private (your file) or data.corpus (a public corpus), not both")
         if self.corpus is not None and self.m is None:
             raise ValueError("data.m (number of private samples) is required with data.corpus")
         return self
@@ -117,6 +117,38 @@ class FuseGenConfig(_Strict):
     max_attempts: PositiveInt = 3
 
 
+class FederatedConfig(_Strict):
+    """L data parties vote on their own shards; only the (securely aggregated) sum leaves them."""
+
+    parties: int = Field(..., ge=2, description="L, number of data parties")
+    partition: Literal["dirichlet", "iid", "files"] = Field(
+        "dirichlet", description="how the private set is split in experiments, or 'files': one file per party")
+    alpha: float = Field(1.0, gt=0, description="Dirichlet concentration over labels (smaller = less IID)")
+    party_files: Optional[list[str]] = Field(None, description="partition 'files': one private file per party")
+    aggregation: Literal["secagg+", "plain"] = Field(
+        "secagg+", description="secagg+: the server sees only the sum (Flower SecAgg+), each party adds "
+        "sigma/sqrt(min_parties); plain: the server sees every party's vector, so each adds the full sigma")
+    min_parties: Optional[PositiveInt] = Field(
+        None, description="fewest parties a round may aggregate (SecAgg+ threshold); default: all parties")
+    max_records_per_party: PositiveInt = Field(
+        64, description="public bound on a party's records: sets the SecAgg+ clipping range, and the "
+        "sensitivity when unit is 'party'")
+    unit: Literal["record", "party"] = Field("record", description="unit of privacy: one record, or one party")
+    timeout: float = Field(300.0, gt=0, description="seconds to wait for the parties at each protocol stage")
+
+    @model_validator(mode="after")
+    def _checks(self) -> "FederatedConfig":
+        if self.min_parties is not None and self.min_parties > self.parties:
+            raise ValueError(f"federated.min_parties={self.min_parties} exceeds parties={self.parties}")
+        if self.partition == "files" and len(self.party_files or []) != self.parties:
+            raise ValueError("federated.partition 'files' needs party_files with one file per party")
+        return self
+
+    @property
+    def threshold(self) -> int:
+        return self.min_parties or self.parties
+
+
 class RunConfig(_Strict):
     method: Literal["wasp", "augpe", "fusegen"] = "wasp"
     data: DataConfig
@@ -126,6 +158,7 @@ class RunConfig(_Strict):
     augpe: AugPEConfig = AugPEConfig()
     fusegen: FuseGenConfig = FuseGenConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+    federated: Optional[FederatedConfig] = None
     embedder: str = DEFAULT_EMBEDDER
     seed: int = 0
     evaluate: bool = True
@@ -140,10 +173,39 @@ class RunConfig(_Strict):
             raise ValueError("task (text_kind and labels) is required for your own data")
         if self.method == "augpe" and len(self.generators) != 1:
             raise ValueError("augpe uses exactly one PLM (as in the paper); run it once per PLM")
+        per_party_files = self.federated is not None and self.federated.partition == "files"
+        if self.data.private is None and self.data.corpus is None and not per_party_files:
+            raise ValueError("give data.private (your file), data.corpus (a public corpus), "
+                             "or federated.party_files")
+        if per_party_files and (self.data.private or self.data.corpus):
+            raise ValueError("with federated.partition 'files' the parties' files are the private data: "
+                             "remove data.private / data.corpus")
+        if self.federated is not None:
+            if self.method == "fusegen":
+                raise ValueError("fusegen uses no private data; it has no federated mode")
+            if self.privacy.label_proportions == "dp":
+                raise ValueError("federated runs take public label proportions (uniform or {label: share})")
         names = [g.display_name for g in self.generators]
         if len(set(names)) != len(names):
             raise ValueError(f"generator names must be unique, got {names}; set name: for each")
         return self
+
+
+def records_per_unit(config: RunConfig) -> int:
+    """Records one unit of privacy may hold: sensitivities scale by this."""
+    fed = config.federated
+    if fed is not None and fed.unit == "party":
+        return fed.max_records_per_party
+    return config.privacy.max_records_per_user
+
+
+def plan_parties(config: RunConfig) -> tuple[int, int | None]:
+    """(parties, fewest parties whose noise shares must add up to the full sigma)."""
+    fed = config.federated
+    if fed is None:
+        return 1, None
+    # Without secure aggregation the server sees single parties: each must carry the full noise.
+    return fed.parties, (fed.threshold if fed.aggregation == "secagg+" else 1)
 
 
 def load_config(path: Path) -> RunConfig:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,7 +44,8 @@ from dpsynth.privacy.mechanisms import NoiseSource, gaussian_release
 from dpsynth.privacy.plans import ReleasePlan
 from dpsynth.privacy.report import privacy_report, summary_lines, write_privacy_report
 from dpsynth.privacy.sensitivity import histogram_sensitivity
-from dpsynth.runs.config import RunConfig, dump_config, load_config
+from dpsynth.runs.config import RunConfig, dump_config, load_config, records_per_unit
+from dpsynth.voting.spec import VoteSpec, compute_votes
 
 LABELS_RELEASE = "labels.histogram"
 log = logging.getLogger("dpsynth.run")
@@ -55,6 +57,7 @@ class PreparedData:
     private: LabelledTexts
     test: LabelledTexts | None
     task: TaskSpec
+    party_of: np.ndarray | None = None  # per-party files: each record's party
 
 
 def _task(config: RunConfig) -> TaskSpec:
@@ -64,12 +67,21 @@ def _task(config: RunConfig) -> TaskSpec:
 
 def prepare_data(config: RunConfig) -> PreparedData:
     """Load the private set (and a real test set, if any) and check them against the task."""
+    party_of = None
     if config.data.corpus is not None:
         corpus = get_corpus(config.data.corpus)
         splits = split(corpus.load(), seed=0)
         private = sample_private(splits.train, config.data.m or 0, seed=config.seed)
         test: LabelledTexts | None = splits.test
         task = corpus.task if config.task is None else _task(config)
+    elif config.federated is not None and config.federated.partition == "files":
+        parts = [load_labelled(Path(f), config.data.text_column, config.data.label_column)
+                 for f in config.federated.party_files or []]
+        private = LabelledTexts([t for p in parts for t in p.texts], [y for p in parts for y in p.labels])
+        party_of = np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)])
+        test = (load_labelled(config.data.test, config.data.text_column, config.data.label_column)
+                if config.data.test else None)
+        task = _task(config)
     else:
         assert config.data.private is not None
         private = load_labelled(config.data.private, config.data.text_column, config.data.label_column)
@@ -99,7 +111,7 @@ def prepare_data(config: RunConfig) -> PreparedData:
             f"privacy.delta={config.privacy.delta:g} is not < 1/M = {1 / m:.3g}; such a delta allows leaking "
             "a whole record. Use e.g. 1e-5"
         )
-    return PreparedData(private, test, task)
+    return PreparedData(private, test, task, party_of if config.federated is not None else None)
 
 
 class MethodState(Protocol):
@@ -148,6 +160,7 @@ class RunContext:
     label_shares: dict[str, float]
     progress: Progress | None
     timings: dict[str, float] = field(default_factory=dict)
+    federation: Any = None  # FederatedVoting when the private data sits with several parties
     _private_emb: np.ndarray | None = None
 
     def add_time(self, key: str, since: float) -> None:
@@ -171,6 +184,8 @@ class RunContext:
 
     def private_embeddings(self) -> np.ndarray:
         """Computed once per process, held in memory only (never cached: they are private)."""
+        if self.federation is not None:
+            raise AssertionError("federated run: private embeddings exist only at the parties")
         if self._private_emb is None:
             t0 = time.perf_counter()
             self._private_emb = self.embedder.encode(self.data.private.texts)
@@ -181,9 +196,30 @@ class RunContext:
         labels = self.data.task.label_names
         return np.array([labels.index(x.label) for x in samples], dtype=np.int64)
 
+    def noisy_votes(self, spec: VoteSpec, synthetic: np.ndarray, synthetic_labels: np.ndarray,
+                    iteration: int) -> np.ndarray:
+        """The plan's noisy votes on the candidates, from the one data holder or from the parties."""
+        t0 = time.perf_counter()
+        if self.federation is not None:
+            assert self.plan is not None
+            out = self.federation.noisy_sum(self.ledger, spec, synthetic, synthetic_labels,
+                                            self.plan.release_name(iteration))
+        else:
+            labels = self.data.private.label_ids(self.data.task.label_names)
+            votes = compute_votes(spec, self.private_embeddings(), labels, synthetic, synthetic_labels)
+            out = self.release_votes(votes, iteration)  # the clean vector never leaves this function
+        self.add_time("voting", t0)
+        return out
+
     def release_votes(self, votes: np.ndarray, iteration: int) -> np.ndarray:
-        """The plan's noisy release for `iteration`: charged to the ledger, then noised."""
+        """The plan's noisy release for `iteration`: charged to the ledger, then noised.
+
+        sigma 0 only happens in an epsilon = inf run, whose ledger then reports "NOT DP".
+        """
         assert self.plan is not None and self.sigma is not None
+        if self.sigma == 0.0:
+            self.ledger.record_non_private(self.plan.release_name(iteration))
+            return np.asarray(votes, dtype=np.float64)
         return gaussian_release(
             self.ledger, self.noise, votes, name=self.plan.release_name(iteration),
             sensitivity=self.plan.sensitivity, sigma=self.sigma,
@@ -236,14 +272,38 @@ class Run:
         if plan is None:
             return None
         p = self.config.privacy
+        if math.isinf(p.epsilon):
+            return 0.0  # non-private reference run: votes are released without noise
         fixed = [e for e in (self._label_event(),) if e is not None]
-        guess = plan.sigma_closed_form(p.epsilon, p.delta)
-        return calibrate_noise(plan.events, p.epsilon, p.delta, adjacency=p.adjacency, fixed_events=fixed, guess=guess)
+        delta = self.accounting_delta()
+        guess = plan.sigma_closed_form(p.epsilon, delta)
+        return calibrate_noise(plan.events, p.epsilon, delta, adjacency=p.adjacency, fixed_events=fixed, guess=guess)
+
+    def accounting_delta(self) -> float:
+        """The run's delta minus what SecAgg+ clipping may cost (federated runs only)."""
+        from dpsynth.federated.voting import clip_delta
+
+        fed, delta = self.config.federated, self.config.privacy.delta
+        return delta if fed is None else delta - clip_delta(fed, delta)
 
     def _assumptions(self) -> Assumptions:
-        p = self.config.privacy
-        unit = "record" if p.max_records_per_user == 1 else f"user (<= {p.max_records_per_user} records)"
-        return Assumptions(adjacency=p.adjacency, unit=unit)
+        p, fed = self.config.privacy, self.config.federated
+        records = records_per_unit(self.config)
+        if fed is None:
+            unit = "record" if records == 1 else f"user (<= {records} records)"
+            return Assumptions(adjacency=p.adjacency, unit=unit)
+        unit = f"party (<= {records} records)" if fed.unit == "party" else "record"
+        if fed.aggregation == "secagg+":
+            trust = (f"{fed.parties} parties, Flower SecAgg+: the server sees only the sum of >= {fed.threshold} "
+                     f"parties' votes, each noised with sigma/sqrt({fed.threshold}); honest-but-curious server, "
+                     "parties follow the protocol and do not collude with it (colluders' noise shares can be "
+                     "subtracted); per-party clipping and stochastic rounding before masking (see federated metrics)")
+            convention = (f"run delta {p.delta:g} = {self.accounting_delta():g} (accountant) + "
+                          f"{p.delta - self.accounting_delta():g} (probability that SecAgg+ clips a noisy vote)")
+            return Assumptions(adjacency=p.adjacency, unit=unit, trust_model=trust, delta_convention=convention)
+        trust = (f"{fed.parties} parties, no secure aggregation: the server sees every party's vector, so each "
+                 "party adds the full sigma (disjoint data: the composition is the same as central)")
+        return Assumptions(adjacency=p.adjacency, unit=unit, trust_model=trust)
 
     def _label_shares(self, data: PreparedData, ledger: PrivacyLedger, noise: NoiseSource) -> dict[str, float]:
         p, labels = self.config.privacy, data.task.label_names
@@ -273,7 +333,7 @@ class Run:
         saved = self._load_checkpoint()
         if saved is None:
             sigma = self.calibrate()
-            ledger = PrivacyLedger(cfg.privacy.epsilon, cfg.privacy.delta, self._assumptions())
+            ledger = PrivacyLedger(cfg.privacy.epsilon, self.accounting_delta(), self._assumptions())
             state = self.method.new_state(cfg)
             shares = self._label_shares(data, ledger, noise)
             usage_saved: dict = {}
@@ -300,16 +360,46 @@ class Run:
             noise=noise, plan=plan, sigma=sigma, label_shares=shares, progress=self.progress, timings=timings,
         )
         ctx.add_time("load_models", t0)
-        for t in range(state.next_iteration, self.method.iterations(cfg)):
+        if cfg.federated is None:
+            return self._iterate(ctx, state, usage)
+        return self._iterate_federated(ctx, state, usage)
+
+    def _iterate(self, ctx: RunContext, state: MethodState, usage: dict[str, Usage]) -> dict:
+        for t in range(state.next_iteration, self.method.iterations(self.config)):
             record = self.method.step(ctx, state, t)
-            if plan is not None:
-                record["epsilon_spent"] = ledger.spent().epsilon
+            if ctx.plan is not None:
+                record["epsilon_spent"] = ctx.ledger.spent().epsilon
+            if ctx.federation is not None and ctx.federation.rounds:
+                record["federated_round"] = ctx.federation.rounds.pop()
             log.info("iteration %d: %s", t, {k: v["kept"] for k, v in record.get("generated", {}).items()})
             state.history.append(record)
             state.next_iteration = t + 1
             self._save_checkpoint(ctx, state, usage)
         return self._finish(ctx, state, usage)
 
+    def _iterate_federated(self, ctx: RunContext, state: MethodState, usage: dict[str, Usage]) -> dict:
+        """Run the iterations as the ServerApp of a Flower federation of the parties."""
+        from dpsynth.federated.flower_secagg import FederationSettings, run_federation
+        from dpsynth.federated.shards import party_shards
+        from dpsynth.federated.voting import FederatedVoting
+
+        fed = self.config.federated
+        assert fed is not None and ctx.plan is not None and ctx.sigma is not None
+        t0 = time.perf_counter()
+        shards = party_shards(self.config, ctx.data, ctx.embedder)
+        ctx.add_time("embedding", t0)
+        settings = FederationSettings(
+            parties=fed.parties,
+            # without SecAgg+ every party carries the full sigma, so any number of answers is safe
+            min_parties=fed.threshold if fed.aggregation == "secagg+" else 1,
+            secure=fed.aggregation == "secagg+", max_records=fed.max_records_per_party, timeout=fed.timeout,
+            noise_seed=self.config.privacy.noise_seed)
+
+        def server_program(aggregator) -> dict:
+            ctx.federation = FederatedVoting(aggregator, fed, ctx.plan, ctx.sigma, self.config.privacy.delta)
+            return self._iterate(ctx, state, usage)
+
+        return run_federation(shards, settings, server_program)
     def _generators(self, usage: dict[str, Usage]) -> dict[str, CachedGenerator]:
         from dpsynth.llm.factory import build_generator
 
@@ -375,9 +465,27 @@ class Run:
                         "generator_calls": sum(u.generation_seconds for u in usage.values())},
             "evaluation": evaluation,
         }
+        if self.config.federated is not None:
+            metrics["federated"] = self._federated_summary(ctx, state)
         atomic_write_text(self.dir / "metrics.json", json.dumps(metrics, indent=2))
         log.info("finished: %d samples, epsilon %.4f", len(samples), report["epsilon"])
         return {"privacy": report, "metrics": metrics, "summary": summary_lines(report)}
+
+    def _federated_summary(self, ctx: RunContext, state: Any) -> dict:
+        """Communication per party per round (the WASP paper's Table 11, measured)."""
+        fed = self.config.federated
+        assert fed is not None and ctx.plan is not None
+        rounds = [h["federated_round"] for h in state.history if h.get("federated_round")]
+        return {
+            "parties": fed.parties, "aggregation": fed.aggregation, "partition": fed.partition,
+            "alpha": fed.alpha if fed.partition == "dirichlet" else None, "min_parties": ctx.plan.min_parties,
+            "unit": fed.unit, "sigma_sum": ctx.sigma,
+            "sigma_per_party": ctx.plan.party_sigma(ctx.sigma) if ctx.sigma else 0.0,
+            "rounds": rounds,
+            "download_bytes_per_party": sum(r["download_bytes_per_party"] for r in rounds),
+            "upload_bytes_per_party": sum(r["upload_bytes_per_party"] for r in rounds),
+            "aggregation_seconds": sum(r["seconds"] for r in rounds),
+        }
 
     def _evaluate(self, ctx: RunContext, samples: list[SyntheticSample],
                   references: dict[str, list[SyntheticSample]]) -> dict:

@@ -1,0 +1,8 @@
+"""Federated generation: L data parties vote on their own shards; a server sees only the sum.
+
+`partition` splits a private set for experiments (IID, Dirichlet over labels) or reads one
+file per party; `party` is what runs at a data party (its votes plus its noise share);
+`flower_secagg` runs the parties and the server on Flower with the SecAgg+ protocol;
+`voting` connects a run's ledger to the federation (record before release, clipping
+and dropout checks, communication accounting).
+"""

@@ -1,0 +1,52 @@
+"""What runs at a data party: votes on its own records, plus its share of the noise.
+
+The clean vote vector exists only inside `noisy_votes`; what leaves is already noised
+with the party's share sigma_party, so even a protocol failure that exposed one party's
+upload would show a noisy vector (whose privacy the report states separately).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpsynth.errors import DpsynthError
+from dpsynth.privacy.mechanisms import NoiseSource
+from dpsynth.voting.spec import VoteSpec, compute_votes
+
+
+@dataclass(frozen=True)
+class PartyShard:
+    """One party's private records, as embeddings and label ids (held in memory only)."""
+
+    party_id: int
+    embeddings: np.ndarray
+    label_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.label_ids)
+
+
+def noisy_votes(
+    shard: PartyShard,
+    spec: VoteSpec,
+    candidates: np.ndarray,
+    candidate_labels: np.ndarray,
+    *,
+    release: str,
+    party_sigma: float,
+    max_records: int,
+    noise_seed: int | None,
+) -> np.ndarray:
+    """The party's votes + N(0, party_sigma^2 I), one independent stream per (release, party)."""
+    if len(shard) > max_records:
+        # The clipping range (and user-level sensitivity) assume this public bound.
+        raise DpsynthError(
+            f"party {shard.party_id} holds more records than federated.max_records_per_party={max_records}"
+        )
+    votes = compute_votes(spec, shard.embeddings, shard.label_ids, candidates, candidate_labels)
+    if party_sigma == 0.0:  # epsilon = inf reference run: the ledger says NOT DP
+        return votes
+    rng = NoiseSource(noise_seed).stream(f"{release}/party{shard.party_id}")
+    return votes + rng.normal(0.0, party_sigma, size=votes.shape)

@@ -1,0 +1,45 @@
+"""What a method asks the private data to vote on, as data that can travel to a data party.
+
+Centrally the run computes the votes itself; in a federation each party receives the
+spec with the candidates' embeddings and computes its own votes. Keeping the vote
+definition in one serialisable place makes both paths run the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpsynth.voting.rank_votes import rank_votes, wasp_votes
+
+
+class VoteSpec(BaseModel):
+    """WASP Top-Q near+far votes (length 2N) or rank-weighted nearest votes (length N)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["wasp", "rank"]
+    q: int = Field(8, ge=1, description="WASP: votes per private sample on each side")
+    weights: tuple[float, ...] = Field((1.0,), description="rank: weight of the r-th nearest candidate")
+
+    def length(self, candidates: int) -> int:
+        return 2 * candidates if self.kind == "wasp" else candidates
+
+    def max_bin_vote(self) -> float:
+        """Largest vote one private record can give one candidate (bounds a party's bin by its records)."""
+        return 1.0 if self.kind == "wasp" else max(self.weights)
+
+
+def compute_votes(
+    spec: VoteSpec,
+    private: np.ndarray,
+    private_labels: Sequence[int] | np.ndarray,
+    synthetic: np.ndarray,
+    synthetic_labels: Sequence[int] | np.ndarray,
+) -> np.ndarray:
+    """The clean vote vector: it must be noised before it leaves the data holder."""
+    if spec.kind == "wasp":
+        return wasp_votes(private, private_labels, synthetic, synthetic_labels, spec.q)
+    (votes,) = rank_votes(private, private_labels, synthetic, synthetic_labels, spec.weights)
+    return votes

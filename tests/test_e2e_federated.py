@@ -1,0 +1,52 @@
+"""Federated WASP and Pre-Text end to end: real local models, a real Flower federation with SecAgg+."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpsynth.runs.config import parse_config
+from dpsynth.runs.run import Run
+
+pytestmark = pytest.mark.slow
+
+
+def _config(method: str, tmp_path: Path) -> dict:
+    rows = "text,label\n" + "".join(
+        f"{'A warm, funny and moving film' if i % 2 else 'A dull, lifeless and boring film'} number {i}.,"
+        f"{'positive' if i % 2 else 'negative'}\n" for i in range(24))
+    (tmp_path / "private.csv").write_text(rows)
+    return {
+        "method": method,
+        "data": {"private": str(tmp_path / "private.csv")},
+        "task": {"text_kind": "movie review", "labels": {"positive": "a positive review", "negative": "a negative review"}},
+        "generators": [{"model": "smollm2-135m-instruct", "name": "smol"}, {"model": "gemma3-270m", "name": "gemma"}]
+        if method == "wasp" else [{"model": "smollm2-135m-instruct", "name": "smol"}],
+        "wasp": {"n": 12, "iterations": 2, "q": 2, "s": 1, "max_tokens": 24},
+        "augpe": {"n": 6, "iterations": 2, "max_tokens": 24},
+        "privacy": {"epsilon": 4.0, "delta": 1e-3, "noise_seed": 5},
+        "federated": {"parties": 3, "partition": "dirichlet", "alpha": 1.0, "max_records_per_party": 24},
+        "evaluate": False,
+    }
+
+
+@pytest.mark.parametrize("method", ["wasp", "augpe"])
+def test_federated_run_with_secagg(method: str, tmp_path: Path) -> None:
+    out = Run.create(parse_config(_config(method, tmp_path)), tmp_path / "run").execute()
+    report = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert report["within_budget"] and report["epsilon"] <= 4.0 * (1 + 1e-6)
+    assert "SecAgg+" in report["assumptions"]["trust_model"]
+    assert report["delta"] < 1e-3 and "clips" in report["assumptions"]["delta_convention"]
+    assert report["plan"]["party_sigma"] == pytest.approx(report["plan"]["sigma_per_release"] / 3**0.5)
+    fed = json.loads((tmp_path / "run" / "metrics.json").read_text())["federated"]
+    assert [r["parties_contributing"] for r in fed["rounds"]] == [3]
+    assert fed["download_bytes_per_party"] > fed["upload_bytes_per_party"] > 0
+    lines = (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()
+    assert len(lines) >= 6 and out["metrics"]["method"] == method
+    private = (tmp_path / "private.csv").read_text().splitlines()[1:]
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file() and path.suffix in {".json", ".jsonl", ".log", ".yaml"}:
+            text = path.read_text()
+            assert not any(row.split(",")[0] in text for row in private), f"private text in {path}"

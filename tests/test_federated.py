@@ -1,0 +1,164 @@
+"""Federated voting: partitions, noise shares, clipping bounds, and a real Flower SecAgg+ federation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from dpsynth.errors import DpsynthError
+from dpsynth.federated.flower_secagg import (
+    MODULUS_RANGE, FederationError, FederationSettings, VoteRound, quantization_range, run_federation,
+)
+from dpsynth.federated.partition import dirichlet_partition, iid_partition
+from dpsynth.federated.party import PartyShard, noisy_votes
+from dpsynth.federated.voting import clip_range
+from dpsynth.privacy.plans import wasp_plan
+from dpsynth.runs.config import parse_config
+from dpsynth.voting.spec import VoteSpec
+
+
+def test_partitions_cover_every_record_once_and_dirichlet_is_non_iid() -> None:
+    labels = np.repeat([0, 1, 2], 100)
+    for parts in (iid_partition(300, 10, seed=0), dirichlet_partition(labels, 10, alpha=1.0, seed=0)):
+        assert len(parts) == 10 and all(len(p) > 0 for p in parts)
+        assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(300))
+    assert {len(p) for p in iid_partition(300, 10, seed=0)} == {30}
+    skewed = dirichlet_partition(labels, 10, alpha=0.1, seed=1)
+    # with small alpha most parties are dominated by one label
+    majority = [np.bincount(labels[p], minlength=3).max() / len(p) for p in skewed]
+    assert np.mean(majority) > 0.8
+    assert [p.tolist() for p in dirichlet_partition(labels, 10, 1.0, seed=5)] == \
+        [p.tolist() for p in dirichlet_partition(labels, 10, 1.0, seed=5)]
+    with pytest.raises(DpsynthError, match="cannot be split"):
+        iid_partition(3, 5, seed=0)
+
+
+def test_noise_shares_add_up_to_sigma_for_the_fewest_allowed_parties() -> None:
+    plan = wasp_plan(5, 8, parties=10, min_parties=7)
+    sigma = 3.5
+    share = plan.party_sigma(sigma)
+    assert 7 * share**2 == pytest.approx(sigma**2)  # the fewest survivors still sum to sigma
+    assert 10 * share**2 > sigma**2  # more survivors: more noise, never less
+    # a server that saw one party's vector would face only share-sized noise
+    assert plan.epsilon_single_party_view(sigma, 1e-5) > plan.epsilon_for(sigma, 1e-5)
+
+
+def test_clip_range_bounds_the_clipping_probability_and_quantization_cannot_overflow() -> None:
+    spec = VoteSpec(kind="wasp", q=8)
+    c = clip_range(spec, max_records=64, party_sigma=2.0, parties=10, length=1000, failure_probability=1e-8)
+    z = (c - 64) / 2.0
+    assert 10 * 1000 * math.erfc(z / math.sqrt(2)) <= 1e-8 * (1 + 1e-6)
+    for parties in (2, 10, 150, 1000):
+        assert parties * quantization_range(parties) <= MODULUS_RANGE // 4
+
+
+def test_party_refuses_more_records_than_the_public_bound() -> None:
+    shard = PartyShard(0, np.zeros((5, 4), np.float32), np.zeros(5, np.int64))
+    with pytest.raises(DpsynthError, match="max_records_per_party=4"):
+        noisy_votes(shard, VoteSpec(kind="rank"), np.zeros((3, 4), np.float32), np.zeros(3, np.int64),
+                    release="r", party_sigma=1.0, max_records=4, noise_seed=0)
+
+
+def test_federated_config_errors_are_clear() -> None:
+    base = {"data": {"corpus": "trec", "m": 60}, "generators": [{"model": "smollm2-135m-instruct"}]}
+    with pytest.raises(DpsynthError, match="no federated mode"):
+        parse_config({**base, "method": "fusegen", "federated": {"parties": 3}})
+    with pytest.raises(DpsynthError, match="public label proportions"):
+        parse_config({**base, "privacy": {"label_proportions": "dp"}, "federated": {"parties": 3}})
+    with pytest.raises(DpsynthError, match="exceeds parties"):
+        parse_config({**base, "federated": {"parties": 3, "min_parties": 4}})
+
+
+def _received_arrays(message) -> list[np.ndarray]:
+    """Every array in a reply: array records, and ndarray bytes inside config records (SecAgg+ uploads)."""
+    from flwr.common import bytes_to_ndarray
+
+    out = [a.numpy() for rec in message.content.array_records.values() for a in rec.values()]
+    for rec in message.content.config_records.values():
+        for value in rec.values():
+            if isinstance(value, list) and value and isinstance(value[0], bytes):
+                for blob in value:
+                    try:
+                        out.append(np.asarray(bytes_to_ndarray(blob), dtype=float).ravel())
+                    except Exception:  # key shares and ciphertexts are not arrays
+                        pass
+    return out
+
+
+def _capture_replies(aggregator, replies: list[np.ndarray]) -> None:
+    inner = aggregator.grid.send_and_receive
+
+    def capture(messages, *args, **kwargs):  # everything the server-side code receives
+        out = list(inner(messages, *args, **kwargs))
+        for m in out:
+            if m.has_content():
+                replies.extend(_received_arrays(m))
+        return out
+
+    aggregator.grid.send_and_receive = capture
+
+
+def _reveals(replies: list[np.ndarray], vec: np.ndarray, clip: float, levels: int) -> bool:
+    """Does any received array equal the vector, or its SecAgg+ quantisation, up to rounding?"""
+    quantized = (np.clip(vec, -clip, clip) + clip) / (2 * clip) * levels
+    return any(r.size == vec.size and (np.allclose(r.ravel(), vec, atol=0.1) or
+                                       np.allclose(r.ravel(), quantized, atol=2.0)) for r in replies)
+
+
+def _shards(rng: np.random.Generator, sizes: list[int]) -> list[PartyShard]:
+    return [PartyShard(i, rng.normal(size=(n, 16)).astype(np.float32), rng.integers(0, 2, n))
+            for i, n in enumerate(sizes)]
+
+
+def test_real_flower_secagg_federation_sums_noisy_votes_hides_single_parties_and_refuses_dropouts() -> None:
+    rng = np.random.default_rng(0)
+    # party 3 holds more than the public bound, so it fails every round: a real dropout
+    shards = _shards(rng, [6, 9, 4, 20])
+    candidates, cand_labels = rng.normal(size=(30, 16)).astype(np.float32), rng.integers(0, 2, 30)
+    spec = VoteSpec(kind="wasp", q=4)
+    settings = FederationSettings(parties=4, min_parties=3, secure=True, max_records=10, timeout=60, noise_seed=11)
+    replies: list[np.ndarray] = []
+
+    def program(aggregator):
+        _capture_replies(aggregator, replies)
+        first = aggregator.aggregate(VoteRound("wasp.votes.1", spec, candidates, cand_labels, 0.7, clip=25.0))
+        aggregator.settings = dataclasses.replace(settings, min_parties=4)
+        with pytest.raises(FederationError, match="no aggregate"):
+            aggregator.aggregate(VoteRound("wasp.votes.2", spec, candidates, cand_labels, 0.7, clip=25.0))
+        return first
+
+    result = run_federation(shards, settings, program)
+    assert result.contributors == 3
+    expected = [noisy_votes(s, spec, candidates, cand_labels, release="wasp.votes.1", party_sigma=0.7,
+                            max_records=10, noise_seed=11) for s in shards[:3]]
+    step = 2 * 25.0 / quantization_range(4)
+    assert np.abs(result.total - np.sum(expected, axis=0)).max() < 3 * 3 * step
+    assert set(result.bytes_up) == set(result.bytes_down) and len(result.bytes_down) == 4
+    # the masked uploads reached the server, and none is any single party's (quantised) noisy vector
+    assert sum(r.size == 60 for r in replies) >= 3
+    assert not any(_reveals(replies, vec, 25.0, quantization_range(4)) for vec in expected)
+
+
+def test_plain_aggregation_sums_exactly_and_sees_each_party() -> None:
+    rng = np.random.default_rng(1)
+    shards = _shards(rng, [5, 5, 5])
+    candidates, cand_labels = rng.normal(size=(12, 16)).astype(np.float32), rng.integers(0, 2, 12)
+    spec = VoteSpec(kind="rank")
+    settings = FederationSettings(parties=3, min_parties=1, secure=False, max_records=10, timeout=60, noise_seed=2)
+    replies: list[np.ndarray] = []
+
+    def program(aggregator):
+        _capture_replies(aggregator, replies)
+        return aggregator.aggregate(VoteRound("augpe.votes.0", spec, candidates, cand_labels, 1.0, clip=0.0))
+
+    result = run_federation(shards, settings, program)
+    expected = sum(noisy_votes(s, spec, candidates, cand_labels, release="augpe.votes.0", party_sigma=1.0,
+                               max_records=10, noise_seed=2) for s in shards)
+    assert result.contributors == 3 and np.allclose(result.total, expected)
+    # the detector used above does see single parties when there is no secure aggregation
+    first = noisy_votes(shards[0], spec, candidates, cand_labels, release="augpe.votes.0", party_sigma=1.0,
+                        max_records=10, noise_seed=2)
+    assert _reveals(replies, first, 25.0, quantization_range(3))
