@@ -81,6 +81,8 @@ def cells(bench: BenchConfig) -> list[dict]:
                                seed=seed)
                     if eps is not None:
                         raw = _merge(raw, {"privacy": {"epsilon": eps}})
+                    if v.method in ("fusegen", "private_only"):
+                        raw.pop("federated", None)  # no private votes: nothing to federate
                     name = f"{v.name}-{plm_tag if v.method == 'augpe' else 'all'}-eps{eps}-seed{seed}"
                     out.append({"name": name, "variant": v.name, "method": v.method, "plms": plm_tag,
                                 "epsilon": eps, "seed": seed, "config": raw})
@@ -153,8 +155,18 @@ def _row(cell: dict, cell_dir: Path) -> dict:
         "precision": final["precision"],
         "recall": final["recall"],
         "wall_seconds": metrics["timings"]["wall"],
+        **_federated_columns(metrics.get("federated")),
         "note": "",
     }
+
+
+def _federated_columns(fed: dict | None) -> dict:
+    """Communication per party over the run, and the time spent aggregating (federated cells only)."""
+    if not fed:
+        return {}
+    return {"download_bytes_per_party": fed["download_bytes_per_party"],
+            "upload_bytes_per_party": fed["upload_bytes_per_party"],
+            "aggregation_seconds": fed["aggregation_seconds"]}
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:

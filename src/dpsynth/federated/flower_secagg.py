@@ -73,6 +73,7 @@ class FederationSettings:
     max_records: int
     timeout: float
     noise_seed: int | None = None
+    party_data: dict[str, str] = field(default_factory=dict)  # how a deployed party reads its own file
 
 
 def quantization_range(parties: int) -> int:
@@ -137,6 +138,7 @@ def _vote_sum_strategy(vote_round: VoteRound, settings: FederationSettings):
         "spec": vote_round.spec.model_dump_json(),
         "party_sigma": float(vote_round.party_sigma),
         "max_records": int(settings.max_records),
+        **settings.party_data,
     }
     return VoteSum(
         fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=settings.parties, min_evaluate_clients=0,
@@ -207,28 +209,32 @@ class FlowerAggregator:
                            bytes_down=down, bytes_up=up, seconds=time.perf_counter() - t0)
 
 
-def _client_app(shards: list[PartyShard], settings: FederationSettings):
+ShardSource = Callable[[Any, Any], PartyShard]  # (Flower context, round config) -> the party's shard
+
+
+def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | None):
+    """The ClientApp every party runs: its noisy votes for each round, masked by SecAgg+ if `secure`."""
     from flwr.client import NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.clientapp import ClientApp
 
     class Party(NumPyClient):
-        def __init__(self, shard: PartyShard) -> None:
-            self.shard = shard
+        def __init__(self, context: Any) -> None:
+            self.context = context
 
         def fit(self, parameters, config):
             candidates, labels = parameters
             vec = noisy_votes(
-                self.shard, VoteSpec.model_validate_json(str(config["spec"])), candidates, labels,
-                release=str(config["release"]), party_sigma=float(config["party_sigma"]),
-                max_records=int(config["max_records"]), noise_seed=settings.noise_seed,
+                shard_for(self.context, config), VoteSpec.model_validate_json(str(config["spec"])), candidates,
+                labels, release=str(config["release"]), party_sigma=float(config["party_sigma"]),
+                max_records=int(config["max_records"]), noise_seed=noise_seed,
             )
             return [vec], 1, {}
 
     def client_fn(context):
-        return Party(shards[int(context.node_config["partition-id"])]).to_client()
+        return Party(context).to_client()
 
-    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod] if settings.secure else [])
+    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod] if secure else [])
 
 
 def run_federation(shards: list[PartyShard], settings: FederationSettings,
@@ -241,6 +247,7 @@ def run_federation(shards: list[PartyShard], settings: FederationSettings,
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     from flwr.server import ServerApp
     from flwr.simulation import run_simulation
 
@@ -259,7 +266,9 @@ def run_federation(shards: list[PartyShard], settings: FederationSettings,
     # Flower logs every protocol stage at INFO; failures are turned into exceptions above.
     logging.getLogger("flwr").setLevel(logging.WARNING)
     run_simulation(
-        server_app=app, client_app=_client_app(shards, settings), num_supernodes=settings.parties,
+        server_app=app, num_supernodes=settings.parties,
+        client_app=party_client_app(lambda context, _config: shards[int(context.node_config["partition-id"])],
+                                    secure=settings.secure, noise_seed=settings.noise_seed),
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                         "init_args": {"include_dashboard": False, "log_to_driver": False}},
     )

@@ -121,8 +121,10 @@ class FederatedConfig(_Strict):
     """L data parties vote on their own shards; only the (securely aggregated) sum leaves them."""
 
     parties: int = Field(..., ge=2, description="L, number of data parties")
-    partition: Literal["dirichlet", "iid", "files"] = Field(
-        "dirichlet", description="how the private set is split in experiments, or 'files': one file per party")
+    partition: Literal["dirichlet", "iid", "files", "nodes"] = Field(
+        "dirichlet", description="how the private set is split in experiments; 'files': one file per party "
+        "(simulated on this machine); 'nodes': Flower SuperNodes on separate machines, each reading its own "
+        "file (node-config data-path) - the server never loads private data (docs/federated.md)")
     alpha: float = Field(1.0, gt=0, description="Dirichlet concentration over labels (smaller = less IID)")
     party_files: Optional[list[str]] = Field(None, description="partition 'files': one private file per party")
     aggregation: Literal["secagg+", "plain"] = Field(
@@ -151,7 +153,7 @@ class FederatedConfig(_Strict):
 
 class RunConfig(_Strict):
     method: Literal["wasp", "augpe", "fusegen"] = "wasp"
-    data: DataConfig
+    data: DataConfig = DataConfig()
     task: Optional[TaskConfig] = None
     generators: list[GeneratorConfig] = Field(..., min_length=1)
     wasp: WaspConfig = WaspConfig()
@@ -173,13 +175,13 @@ class RunConfig(_Strict):
             raise ValueError("task (text_kind and labels) is required for your own data")
         if self.method == "augpe" and len(self.generators) != 1:
             raise ValueError("augpe uses exactly one PLM (as in the paper); run it once per PLM")
-        per_party_files = self.federated is not None and self.federated.partition == "files"
+        per_party_files = self.federated is not None and self.federated.partition in ("files", "nodes")
         if self.data.private is None and self.data.corpus is None and not per_party_files:
             raise ValueError("give data.private (your file), data.corpus (a public corpus), "
                              "or federated.party_files")
         if per_party_files and (self.data.private or self.data.corpus):
-            raise ValueError("with federated.partition 'files' the parties' files are the private data: "
-                             "remove data.private / data.corpus")
+            raise ValueError(f"with federated.partition '{self.federated.partition}' the parties' files are the "
+                             "private data: remove data.private / data.corpus")
         if self.federated is not None:
             if self.method == "fusegen":
                 raise ValueError("fusegen uses no private data; it has no federated mode")

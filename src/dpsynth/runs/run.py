@@ -68,6 +68,11 @@ def _task(config: RunConfig) -> TaskSpec:
 def prepare_data(config: RunConfig) -> PreparedData:
     """Load the private set (and a real test set, if any) and check them against the task."""
     party_of = None
+    if config.federated is not None and config.federated.partition == "nodes":
+        # Deployment server: the private data stays at the SuperNodes; they check it themselves.
+        test = (load_labelled(config.data.test, config.data.text_column, config.data.label_column)
+                if config.data.test else None)
+        return PreparedData(LabelledTexts([], []), test, _task(config))
     if config.data.corpus is not None:
         corpus = get_corpus(config.data.corpus)
         splits = split(corpus.load(), seed=0)
@@ -324,6 +329,31 @@ class Run:
 
     # -- execution ----------------------------------------------------------------
     def execute(self) -> dict:
+        """Run (or resume) to the end; a federated run starts a Flower simulation of its parties."""
+        fed = self.config.federated
+        if fed is not None and fed.partition == "nodes":
+            raise DpsynthError("federated.partition 'nodes' runs on a Flower deployment (SuperLink + one SuperNode "
+                               "per party): start it with `flwr run`, see docs/federated.md")
+        ctx, state, usage = self._context()
+        if fed is None:
+            return self._iterate(ctx, state, usage)
+        return self._iterate_federated(ctx, state, usage)
+
+    def serve(self, grid: Any, flower_context: Any) -> dict:
+        """Run as the ServerApp of a deployed Flower federation (parties on their own machines)."""
+        from dpsynth.federated.flower_secagg import FlowerAggregator
+        from dpsynth.federated.voting import FederatedVoting
+
+        fed = self.config.federated
+        if fed is None:
+            raise DpsynthError("this run config has no federated: section")
+        ctx, state, usage = self._context()
+        assert ctx.plan is not None and ctx.sigma is not None
+        aggregator = FlowerAggregator(grid, flower_context, self._federation_settings(deployed=True))
+        ctx.federation = FederatedVoting(aggregator, fed, ctx.plan, ctx.sigma, self.config.privacy.delta)
+        return self._iterate(ctx, state, usage)
+
+    def _context(self) -> tuple[RunContext, MethodState, dict[str, Usage]]:
         cfg = self.config
         self._start = time.perf_counter()
         self._setup_logging()
@@ -360,9 +390,7 @@ class Run:
             noise=noise, plan=plan, sigma=sigma, label_shares=shares, progress=self.progress, timings=timings,
         )
         ctx.add_time("load_models", t0)
-        if cfg.federated is None:
-            return self._iterate(ctx, state, usage)
-        return self._iterate_federated(ctx, state, usage)
+        return ctx, state, usage
 
     def _iterate(self, ctx: RunContext, state: MethodState, usage: dict[str, Usage]) -> dict:
         for t in range(state.next_iteration, self.method.iterations(self.config)):
@@ -378,8 +406,8 @@ class Run:
         return self._finish(ctx, state, usage)
 
     def _iterate_federated(self, ctx: RunContext, state: MethodState, usage: dict[str, Usage]) -> dict:
-        """Run the iterations as the ServerApp of a Flower federation of the parties."""
-        from dpsynth.federated.flower_secagg import FederationSettings, run_federation
+        """Run the iterations as the ServerApp of a Flower simulation of the parties."""
+        from dpsynth.federated.flower_secagg import run_federation
         from dpsynth.federated.shards import party_shards
         from dpsynth.federated.voting import FederatedVoting
 
@@ -388,18 +416,30 @@ class Run:
         t0 = time.perf_counter()
         shards = party_shards(self.config, ctx.data, ctx.embedder)
         ctx.add_time("embedding", t0)
-        settings = FederationSettings(
-            parties=fed.parties,
-            # without SecAgg+ every party carries the full sigma, so any number of answers is safe
-            min_parties=fed.threshold if fed.aggregation == "secagg+" else 1,
-            secure=fed.aggregation == "secagg+", max_records=fed.max_records_per_party, timeout=fed.timeout,
-            noise_seed=self.config.privacy.noise_seed)
 
         def server_program(aggregator) -> dict:
             ctx.federation = FederatedVoting(aggregator, fed, ctx.plan, ctx.sigma, self.config.privacy.delta)
             return self._iterate(ctx, state, usage)
 
-        return run_federation(shards, settings, server_program)
+        return run_federation(shards, self._federation_settings(deployed=False), server_program)
+
+    def _federation_settings(self, *, deployed: bool):
+        from dpsynth.federated.flower_secagg import FederationSettings
+
+        fed, cfg = self.config.federated, self.config
+        assert fed is not None
+        secure = fed.aggregation == "secagg+"
+        return FederationSettings(
+            parties=fed.parties,
+            # without SecAgg+ every party carries the full sigma, so any number of answers is safe
+            min_parties=fed.threshold if secure else 1,
+            secure=secure, max_records=fed.max_records_per_party, timeout=fed.timeout,
+            # deployed parties always draw secure noise: a seed known to the server would let it remove the noise
+            noise_seed=None if deployed else cfg.privacy.noise_seed,
+            party_data={"text_column": cfg.data.text_column, "label_column": cfg.data.label_column,
+                        "labels": json.dumps(list(cfg.task.labels) if cfg.task else []), "embedder": cfg.embedder},
+        )
+
     def _generators(self, usage: dict[str, Usage]) -> dict[str, CachedGenerator]:
         from dpsynth.llm.factory import build_generator
 

@@ -1,0 +1,70 @@
+"""The Flower app for parties on separate machines (Flower's Deployment Runtime).
+
+    flower-superlink --insecure                                   # the server machine
+    flower-supernode --insecure --superlink HOST:9092 \\
+        --node-config 'data-path="/data/party.csv"'               # each party's machine
+    flwr run deploy/flower <connection> --run-config 'config="/path/run.yaml" out="/path/run-dir"'
+
+The ServerApp runs the whole dpsynth run (generation, selection, ledger, outputs) with
+`federated.partition: nodes`; it never loads private data. Each SuperNode's ClientApp
+reads its own file, embeds it locally and answers vote rounds with its noisy votes,
+masked by SecAgg+. Deployed parties always draw secure noise. See docs/federated.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpsynth.data.loaders import load_labelled
+from dpsynth.errors import DpsynthError
+from dpsynth.federated.flower_secagg import party_client_app
+from dpsynth.federated.party import PartyShard
+
+
+class _NodeShard:
+    """Loads and embeds this SuperNode's file once per process (Flower may reuse the process)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple, PartyShard] = {}
+
+    def __call__(self, context: Any, config: Any) -> PartyShard:
+        from dpsynth.embed.sentence import SentenceTransformerEmbedder
+
+        path = Path(str(context.node_config["data-path"]))
+        key = (str(path), str(config["embedder"]), str(config["labels"]))
+        if key not in self._cache:
+            data = load_labelled(path, str(config["text_column"]), str(config["label_column"]))
+            labels = json.loads(str(config["labels"]))
+            unknown = sorted(set(data.labels) - set(labels))
+            if unknown:
+                raise DpsynthError(f"{path}: labels {unknown} are not among the run's task labels {labels}")
+            emb = SentenceTransformerEmbedder(str(config["embedder"])).encode(data.texts)
+            ids = np.array([labels.index(y) for y in data.labels], dtype=np.int64)
+            self._cache[key] = PartyShard(int(context.node_id) % 2**31, emb, ids)
+        return self._cache[key]
+
+
+def _server_app():
+    from flwr.server import ServerApp
+
+    from dpsynth.runs.config import load_config
+    from dpsynth.runs.run import Run
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context) -> None:
+        out = Path(str(context.run_config["out"]))
+        runner = (Run.resume(out) if (out / "checkpoints" / "state.json").exists()
+                  else Run.create(load_config(Path(str(context.run_config["config"]))), out))
+        runner.serve(grid, context)
+
+    return app
+
+
+server_app = _server_app()
+client_app = party_client_app(_NodeShard(), secure=True, noise_seed=None)
