@@ -1,0 +1,59 @@
+"""Bench grid expansion and reports: per-variant epsilons and PLMs, eps=inf, federated bases."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from dpsynth.bench.grid import BenchConfig, cells
+from dpsynth.bench.report import html_report, markdown_table
+from dpsynth.errors import DpsynthError
+from dpsynth.runs.config import parse_config
+
+BASE = {
+    "data": {"corpus": "trec", "m": 60},
+    "generators": [{"model": "smollm2-135m-instruct", "name": "smol"}, {"model": "gemma3-270m", "name": "gemma"}],
+    "privacy": {"delta": 1e-5},
+}
+
+
+def test_variant_epsilons_and_plms_expand_to_the_right_cells() -> None:
+    bench = BenchConfig.model_validate({
+        "base": BASE, "epsilons": [4.0], "seeds": [0, 1],
+        "variants": [{"name": "wasp", "method": "wasp", "epsilons": [1.0, "inf"]},
+                     {"name": "augpe", "method": "augpe"},
+                     {"name": "augpe", "method": "augpe", "plms": ["gemma"], "epsilons": [8.0]},
+                     {"name": "fusegen", "method": "fusegen"}]})
+    names = [c["name"] for c in cells(bench)]
+    assert names[:4] == ["wasp-all-eps1.0-seed0", "wasp-all-eps1.0-seed1", "wasp-all-epsinf-seed0",
+                         "wasp-all-epsinf-seed1"]
+    assert "augpe-smol-eps4.0-seed0" in names and "augpe-gemma-eps8.0-seed1" in names
+    assert "augpe-smol-eps8.0-seed0" not in names and "fusegen-all-epsNone-seed0" in names
+    inf_cell = next(c for c in cells(bench) if c["name"] == "wasp-all-epsinf-seed0")
+    assert math.isinf(parse_config(inf_cell["config"]).privacy.epsilon)
+    bad = bench.model_copy(update={"variants": [bench.variants[0].model_copy(update={"plms": ["nope"]})]})
+    with pytest.raises(DpsynthError, match="none of plms"):
+        cells(bad)
+
+
+def test_federated_base_is_dropped_for_methods_without_private_votes() -> None:
+    bench = BenchConfig.model_validate({
+        "base": {**BASE, "federated": {"parties": 3}}, "seeds": [0],
+        "variants": [{"name": "wasp", "method": "wasp"}, {"name": "fusegen", "method": "fusegen"},
+                     {"name": "private_only", "method": "private_only"}]})
+    by_method = {c["method"]: c["config"] for c in cells(bench)}
+    assert parse_config(by_method["wasp"]).federated is not None
+    assert "federated" not in by_method["fusegen"] and "federated" not in by_method["private_only"]
+    parse_config(by_method["fusegen"])  # valid: fusegen has no federated mode
+
+
+def test_reports_handle_infinite_epsilon(tmp_path: Path) -> None:
+    rows = [{"name": f"wasp-{e}-{s}", "variant": "wasp", "method": "wasp", "plms": "all", "epsilon": e, "seed": s,
+             "accuracy": 0.6 + 0.01 * s, "fid": 0.5} for e in (1.0, 4.0, math.inf) for s in (0, 1)]
+    rows += [{"name": "fusegen", "variant": "fusegen", "method": "fusegen", "plms": "all", "epsilon": None, "seed": 0,
+              "accuracy": 0.62, "fid": 0.4}]
+    table = markdown_table(rows)
+    assert "eps=inf" in table.splitlines()[0] and "60.50 ± 0.71" in table
+    assert "accuracy vs epsilon" in html_report(rows, tmp_path, "t")
