@@ -162,3 +162,16 @@ def test_plain_aggregation_sums_exactly_and_sees_each_party() -> None:
     first = noisy_votes(shards[0], spec, candidates, cand_labels, release="augpe.votes.0", party_sigma=1.0,
                         max_records=10, noise_seed=2)
     assert _reveals(replies, first, 25.0, quantization_range(3))
+
+
+def test_party_level_sensitivity_and_plain_mode_noise_shares() -> None:
+    from dpsynth.algorithms import method_for
+
+    base = {"data": {"corpus": "rotten_tomatoes", "m": 300}, "generators": [{"model": "smollm2-135m-instruct"}],
+            "wasp": {"q": 8}}
+    party = parse_config({**base, "federated": {"parties": 150, "unit": "party", "max_records_per_party": 8}})
+    plan = method_for("wasp").release_plan(party)
+    assert plan.sensitivity == pytest.approx(13.06, abs=0.01)  # PRIVACY.md: m * 1.63298 (the paper uses 32)
+    assert plan.party_sigma(10.0) == pytest.approx(10.0 / math.sqrt(150))
+    plain = parse_config({**base, "federated": {"parties": 10, "aggregation": "plain"}})
+    assert method_for("wasp").release_plan(plain).party_sigma(3.0) == 3.0  # each party carries the full sigma
