@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,3 +176,19 @@ def test_party_level_sensitivity_and_plain_mode_noise_shares() -> None:
     assert plan.party_sigma(10.0) == pytest.approx(10.0 / math.sqrt(150))
     plain = parse_config({**base, "federated": {"parties": 10, "aggregation": "plain"}})
     assert method_for("wasp").release_plan(plain).party_sigma(3.0) == 3.0  # each party carries the full sigma
+
+
+def test_run_summary_prints_any_method_and_the_federation(capsys) -> None:
+    from dpsynth.cli.runs import _print_summary
+
+    evaluation = {"classifier": "probe", **{k: {"accuracy": 0.6, "macro_f1": 0.5, "train_size": 6, "test_size": 9}
+                                            for k in ("augpe", "zero_shot")}}
+    fed = {"parties": 3, "aggregation": "secagg+", "partition": "dirichlet", "sigma_per_party": 1.2,
+           "download_bytes_per_party": 22000.0, "upload_bytes_per_party": 2700.0, "aggregation_seconds": 1.5,
+           "rounds": [{}]}
+    metrics = {"method": "augpe", "samples_per_plm": {"smol": 6}, "usage": {},
+               "iterations": [{"iteration": 0, "generated": {"smol": {"kept": 6, "dropped": {}}}}],
+               "evaluation": evaluation, "federated": fed, "timings": {"wall": 10.0, "generator_calls": 8.0}}
+    _print_summary(Path("run"), {"metrics": metrics, "summary": ["epsilon spent: 4"]})
+    out = capsys.readouterr().out
+    assert "augpe (all iterations): accuracy 0.6000" in out and "3 parties (secagg+" in out and "22.0 kB" in out

@@ -89,7 +89,7 @@ def _execute(config: RunConfig | None, run_dir: Path) -> None:
 
 def _print_summary(run_dir: Path, result: dict) -> None:
     metrics = result["metrics"]
-    console.rule("dpsynth: WASP run finished")
+    console.rule(f"dpsynth: {metrics['method']} run finished")
     console.print(f"outputs: {run_dir}/synthetic.jsonl, privacy.json, metrics.json, run.log, checkpoints/")
     console.print("[bold]privacy[/bold]")
     for line in result["summary"]:
@@ -103,7 +103,8 @@ def _print_summary(run_dir: Path, result: dict) -> None:
         row = [str(it["iteration"])]
         for k in plms:
             g = it["generated"].get(k, {"kept": 0, "dropped": {}})
-            row.append(f"{g['kept']} ({sum(g['dropped'].values())}) / {it['weights_used'][k]:.3f}")
+            weight = it.get("weights_used", {}).get(k)  # only WASP weights its PLMs
+            row.append(f"{g['kept']} ({sum(g['dropped'].values())})" + (f" / {weight:.3f}" if weight else ""))
         table.add_row(*row)
     console.print(table)
     for k, u in metrics["usage"].items():
@@ -115,10 +116,18 @@ def _print_summary(run_dir: Path, result: dict) -> None:
     ev = metrics.get("evaluation")
     if ev:
         console.print(f"[bold]downstream accuracy on the real test split[/bold] ({ev['classifier']}):")
-        for key, title in (("wasp", "WASP (all iterations)"), ("zero_shot", "zero-shot (iteration 0, no private data)")):
-            s = ev[key]
+        titles = {"zero_shot": "zero-shot (iteration 0, no private data)"}
+        for key in [k for k in ev if k != "classifier"]:
+            s, title = ev[key], titles.get(key, f"{key} (all iterations)")
             console.print(f"  {title}: accuracy {s['accuracy']:.4f}, macro-F1 {s['macro_f1']:.4f} "
                           f"(trained on {s['train_size']}, tested on {s['test_size']})")
+    fed = metrics.get("federated")
+    if fed:
+        console.print(
+            f"federated: {fed['parties']} parties ({fed['aggregation']}, {fed['partition']}), sigma per party "
+            f"{fed['sigma_per_party']:.4f}; per party {fed['download_bytes_per_party'] / 1e3:.1f} kB down, "
+            f"{fed['upload_bytes_per_party'] / 1e3:.1f} kB up; aggregation {fed['aggregation_seconds']:.1f}s "
+            f"over {len(fed['rounds'])} rounds")
     t = metrics["timings"]
     share = 1 - t["generator_calls"] / t["wall"] if t["wall"] else 0.0
     console.print(f"wall time {t['wall']:.1f}s; generator calls {t['generator_calls']:.1f}s "
