@@ -192,3 +192,23 @@ def test_run_summary_prints_any_method_and_the_federation(capsys) -> None:
     _print_summary(Path("run"), {"metrics": metrics, "summary": ["epsilon spent: 4"]})
     out = capsys.readouterr().out
     assert "augpe (all iterations): accuracy 0.6000" in out and "3 parties (secagg+" in out and "22.0 kB" in out
+
+
+def test_per_party_files_keep_each_partys_records_together(tmp_path: Path) -> None:
+    from dpsynth.federated.shards import party_indices
+    from dpsynth.runs.run import prepare_data
+
+    files = []
+    for i, n in enumerate([3, 5]):
+        path = tmp_path / f"party{i}.csv"
+        path.write_text("text,label\n" + "".join(f"party {i} text {j},{'a' if j % 2 else 'b'}\n" for j in range(n)))
+        files.append(str(path))
+    cfg = parse_config({"task": {"text_kind": "note", "labels": {"a": "A", "b": "B"}},
+                        "generators": [{"model": "smollm2-135m-instruct"}], "wasp": {"q": 2},
+                        "federated": {"parties": 2, "partition": "files", "party_files": files}})
+    data = prepare_data(cfg)
+    parts = party_indices(cfg, np.asarray(data.private.label_ids(data.task.label_names)), data.party_of)
+    assert [len(p) for p in parts] == [3, 5]
+    assert all(data.private.texts[j].startswith("party 1") for j in parts[1])
+    with pytest.raises(DpsynthError, match="remove data.private"):
+        parse_config({**cfg.model_dump(mode="json", exclude_none=True), "data": {"private": files[0]}})
