@@ -84,7 +84,7 @@ def test_config_errors(tmp_path: Path) -> None:
         parse_config({**base, "generators": []})
     with pytest.raises(DpsynthError, match="wasp.q"):
         parse_config({**base, "wasp": {"q": "many"}})
-    with pytest.raises(DpsynthError, match="exactly one of data.private"):
+    with pytest.raises(DpsynthError, match="give data.private"):
         parse_config({**base, "data": {}})
 
 
