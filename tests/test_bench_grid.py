@@ -24,12 +24,13 @@ def test_variant_epsilons_and_plms_expand_to_the_right_cells() -> None:
         "base": BASE, "epsilons": [4.0], "seeds": [0, 1],
         "variants": [{"name": "wasp", "method": "wasp", "epsilons": [1.0, "inf"]},
                      {"name": "augpe", "method": "augpe"},
-                     {"name": "augpe", "method": "augpe", "plms": ["gemma"], "epsilons": [8.0]},
+                     {"name": "augpe", "method": "augpe", "plms": ["gemma"], "epsilons": [8.0], "seeds": [5]},
                      {"name": "fusegen", "method": "fusegen"}]})
     names = [c["name"] for c in cells(bench)]
     assert names[:4] == ["wasp-all-eps1.0-seed0", "wasp-all-eps1.0-seed1", "wasp-all-epsinf-seed0",
                          "wasp-all-epsinf-seed1"]
-    assert "augpe-smol-eps4.0-seed0" in names and "augpe-gemma-eps8.0-seed1" in names
+    assert "augpe-smol-eps4.0-seed0" in names and "augpe-gemma-eps8.0-seed5" in names
+    assert "augpe-gemma-eps8.0-seed0" not in names
     assert "augpe-smol-eps8.0-seed0" not in names and "fusegen-all-epsNone-seed0" in names
     inf_cell = next(c for c in cells(bench) if c["name"] == "wasp-all-epsinf-seed0")
     assert math.isinf(parse_config(inf_cell["config"]).privacy.epsilon)

@@ -31,6 +31,7 @@ class Variant(BaseModel):
     epsilons: Optional[list[float]] = Field(None, description="this variant's epsilons (default: the bench's); "
                                             "inf = non-private reference")
     plms: Optional[list[str]] = Field(None, description="generator names to use (Aug-PE: each runs alone)")
+    seeds: Optional[list[int]] = Field(None, description="this variant's seeds (default: the bench's)")
 
 
 class BenchConfig(BaseModel):
@@ -75,7 +76,7 @@ def cells(bench: BenchConfig) -> list[dict]:
         for plms in plm_sets:
             plm_tag = "+".join(_plm_name(g) for g in plms)
             for eps in epsilons:
-                for seed in bench.seeds:
+                for seed in v.seeds or bench.seeds:
                     raw = _merge(bench.base, v.overrides)
                     raw.update(method=v.method if v.method != "private_only" else "fusegen", generators=plms,
                                seed=seed)
