@@ -120,9 +120,11 @@ def _vote_sum_strategy(vote_round: VoteRound, settings: FederationSettings):
     class VoteSum(FedAvg):
         """Broadcasts the candidates; turns the (secure) aggregate into the sum of party votes."""
 
-        total: np.ndarray | None = None
-        contributors = 0
-        failures: list = []
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.total: np.ndarray | None = None
+            self.contributors = 0
+            self.failures: list = []
 
         def aggregate_fit(self, server_round, results, failures):
             self.contributors, self.failures = len(results), list(failures)
