@@ -26,16 +26,22 @@ def _fmt(values: list[float]) -> str:
 
 def markdown_table(rows: list[dict], metric: str = "accuracy") -> str:
     eps_values = sorted({r["epsilon"] for r in rows if r["epsilon"] is not None})
+    seeds = len({r["seed"] for r in rows})
+
+    def cell(group: list[dict]) -> str:  # cells with fewer seeds than the grid say how many
+        text = _fmt([r[metric] for r in group])
+        return text if len(group) == seeds else f"{text} (n={len(group)})"
+
     head = ["method", "PLMs", *[f"eps={e:g}" for e in eps_values], "no private data / non-DP"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (variant, plms), by_eps in _group(rows).items():
         cells = [variant, plms]
         for e in eps_values:
-            cells.append(_fmt([r[metric] for r in by_eps[e]]) if e in by_eps else "")
-        cells.append(_fmt([r[metric] for r in by_eps[None]]) if None in by_eps else "")
+            cells.append(cell(by_eps[e]) if e in by_eps else "")
+        cells.append(cell(by_eps[None]) if None in by_eps else "")
         lines.append("| " + " | ".join(cells) + " |")
-    seeds = len({r["seed"] for r in rows})
-    lines.append(f"\n{metric} (%) on the real test split, mean ± std over {seeds} seeds; private_only is NOT DP.")
+    lines.append(f"\n{metric} (%) on the real test split, mean ± std over {seeds} seeds (n= where fewer); "
+                 "private_only is NOT DP.")
     return "\n".join(lines)
 
 
