@@ -212,3 +212,35 @@ def test_per_party_files_keep_each_partys_records_together(tmp_path: Path) -> No
     assert all(data.private.texts[j].startswith("party 1") for j in parts[1])
     with pytest.raises(DpsynthError, match="remove data.private"):
         parse_config({**cfg.model_dump(mode="json", exclude_none=True), "data": {"private": files[0]}})
+
+
+def test_federated_release_is_charged_before_the_parties_are_asked(tmp_path: Path) -> None:
+    from dpsynth.privacy.ledger import BudgetExceededError, PrivacyLedger
+    from dpsynth.privacy.mechanisms import NoiseSource
+    from dpsynth.runs.run import Run, RunContext, prepare_data
+
+    (tmp_path / "p.csv").write_text("text,label\n" + "".join(f"t {i},{'a' if i % 2 else 'b'}\n" for i in range(20)))
+    cfg = parse_config({"data": {"private": str(tmp_path / "p.csv")},
+                        "task": {"text_kind": "note", "labels": {"a": "A", "b": "B"}},
+                        "generators": [{"model": "smollm2-135m-instruct"}], "wasp": {"q": 2, "iterations": 3},
+                        "privacy": {"delta": 1e-3}, "federated": {"parties": 2, "partition": "iid"}})
+    run = Run(cfg, tmp_path / "run")
+    sigma, plan = run.calibrate(), run.method.release_plan(cfg)
+    asked: list[str] = []
+
+    class Federation:  # stands in for FederatedVoting; the real one is covered end to end
+        def noisy_sum(self, spec, candidates, labels, release):
+            asked.append(release)
+            return np.zeros(spec.length(len(candidates)))
+
+    ledger = PrivacyLedger(4.0, run.accounting_delta())
+    ctx = RunContext(config=cfg, dir=tmp_path, data=prepare_data(cfg), generators={}, embedder=None,
+                     synth_embedder=None, ledger=ledger, noise=NoiseSource(None), plan=plan, sigma=sigma,
+                     label_shares={}, progress=None, federation=Federation())
+    spec, cand, labels = VoteSpec(kind="wasp", q=2), np.zeros((4, 8), np.float32), np.array([0, 0, 1, 1])
+    for t in (1, 2):  # the planned T-1 releases fit
+        ctx.noisy_votes(spec, cand, labels, t)
+    assert [e.name for e in ledger.events] == asked == [plan.release_name(1), plan.release_name(2)]
+    with pytest.raises(BudgetExceededError):  # one more is refused before any party is asked
+        ctx.noisy_votes(spec, cand, labels, 3)
+    assert len(asked) == 2

@@ -1,8 +1,8 @@
 """A run's vote releases, answered by a federation of parties instead of one data holder.
 
-Per release: the ledger is charged first (the event is the *sum's* noise: sigma, which
-the parties' shares add up to whenever at least `min_parties` contribute), then the
-round goes to the parties, and only the aggregate comes back. SecAgg+ clips each
+Per release the run charges the ledger first (`RunContext.noisy_votes`; the event is the
+*sum's* noise, sigma, which the parties' shares add up to whenever at least `min_parties`
+contribute), then the round goes to the parties, and only the aggregate comes back. SecAgg+ clips each
 party's noisy vector to [-C, C] before masking; C is set so that clipping anywhere in
 the run has probability at most `CLIP_DELTA_SHARE * delta`, which the run reserves out
 of its delta (the accountant gets the rest). Bytes and seconds per round are kept for
@@ -17,8 +17,6 @@ import numpy as np
 from scipy.stats import norm
 
 from dpsynth.federated.flower_secagg import FlowerAggregator, VoteRound, quantization_range
-from dpsynth.privacy.events import GaussianEvent
-from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.plans import ReleasePlan
 from dpsynth.runs.config import FederatedConfig
 from dpsynth.voting.spec import VoteSpec
@@ -59,18 +57,14 @@ class FederatedVoting:
     def party_sigma(self) -> float:
         return self.plan.party_sigma(self.sigma)
 
-    def noisy_sum(self, ledger: PrivacyLedger, spec: VoteSpec, candidates: np.ndarray, labels: np.ndarray,
-                  release: str) -> np.ndarray:
+    def noisy_sum(self, spec: VoteSpec, candidates: np.ndarray, labels: np.ndarray, release: str) -> np.ndarray:
+        """One aggregation round; the caller has already charged `release` to the ledger."""
         n_out = spec.length(len(candidates))
-        per_round = max(clip_delta(self.config, self.delta), 1e-300) / self.plan.noisy_releases
-        clip = clip_range(spec, self.config.max_records_per_party, self.party_sigma, self.config.parties, n_out,
-                          per_round)
-        if self.sigma == 0.0:
-            ledger.record_non_private(release)
-        else:
-            ledger.record(GaussianEvent(name=release, sensitivity=self.plan.sensitivity, sigma=self.sigma))
-        result = self.aggregator.aggregate(VoteRound(release, spec, candidates, labels, self.party_sigma, clip))
         secure = self.config.aggregation == "secagg+"
+        # Without SecAgg+ nothing is clipped, so no clipping range is needed.
+        clip = (clip_range(spec, self.config.max_records_per_party, self.party_sigma, self.config.parties, n_out,
+                           clip_delta(self.config, self.delta) / self.plan.noisy_releases) if secure else 0.0)
+        result = self.aggregator.aggregate(VoteRound(release, spec, candidates, labels, self.party_sigma, clip))
         self.rounds.append({
             "release": release,
             "parties_contributing": result.contributors,

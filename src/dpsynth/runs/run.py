@@ -24,7 +24,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from dpsynth.privacy.sensitivity import histogram_sensitivity
 from dpsynth.runs.config import RunConfig, dump_config, load_config, records_per_unit
 from dpsynth.voting.spec import VoteSpec, compute_votes
 
+if TYPE_CHECKING:
+    from dpsynth.federated.voting import FederatedVoting
+
 LABELS_RELEASE = "labels.histogram"
 log = logging.getLogger("dpsynth.run")
 Progress = Callable[[str, int, int], None]
@@ -65,14 +68,17 @@ def _task(config: RunConfig) -> TaskSpec:
     return TaskSpec(config.task.text_kind, config.task.labels, description=config.task.description)
 
 
+def _load_test(config: RunConfig) -> LabelledTexts | None:
+    d = config.data
+    return load_labelled(d.test, d.text_column, d.label_column) if d.test else None
+
+
 def prepare_data(config: RunConfig) -> PreparedData:
     """Load the private set (and a real test set, if any) and check them against the task."""
     party_of = None
     if config.federated is not None and config.federated.partition == "nodes":
         # Deployment server: the private data stays at the SuperNodes; they check it themselves.
-        test = (load_labelled(config.data.test, config.data.text_column, config.data.label_column)
-                if config.data.test else None)
-        return PreparedData(LabelledTexts([], []), test, _task(config))
+        return PreparedData(LabelledTexts([], []), _load_test(config), _task(config))
     if config.data.corpus is not None:
         corpus = get_corpus(config.data.corpus)
         splits = split(corpus.load(), seed=0)
@@ -84,17 +90,12 @@ def prepare_data(config: RunConfig) -> PreparedData:
                  for f in config.federated.party_files or []]
         private = LabelledTexts([t for p in parts for t in p.texts], [y for p in parts for y in p.labels])
         party_of = np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)])
-        test = (load_labelled(config.data.test, config.data.text_column, config.data.label_column)
-                if config.data.test else None)
+        test = _load_test(config)
         task = _task(config)
     else:
         assert config.data.private is not None
         private = load_labelled(config.data.private, config.data.text_column, config.data.label_column)
-        test = (
-            load_labelled(config.data.test, config.data.text_column, config.data.label_column)
-            if config.data.test
-            else None
-        )
+        test = _load_test(config)
         task = _task(config)
     where = config.data.private or f"corpus {config.data.corpus}"
     unknown = sorted(set(private.labels) - set(task.labels))
@@ -165,7 +166,7 @@ class RunContext:
     label_shares: dict[str, float]
     progress: Progress | None
     timings: dict[str, float] = field(default_factory=dict)
-    federation: Any = None  # FederatedVoting when the private data sits with several parties
+    federation: FederatedVoting | None = None  # when the private data sits with several parties
     _private_emb: np.ndarray | None = None
 
     def add_time(self, key: str, since: float) -> None:
@@ -207,8 +208,9 @@ class RunContext:
         t0 = time.perf_counter()
         if self.federation is not None:
             assert self.plan is not None
-            out = self.federation.noisy_sum(self.ledger, spec, synthetic, synthetic_labels,
-                                            self.plan.release_name(iteration))
+            name = self.plan.release_name(iteration)
+            self._charge(name)  # before anything is released
+            out = self.federation.noisy_sum(spec, synthetic, synthetic_labels, name)
         else:
             labels = self.data.private.label_ids(self.data.task.label_names)
             votes = compute_votes(spec, self.private_embeddings(), labels, synthetic, synthetic_labels)
@@ -222,13 +224,23 @@ class RunContext:
         sigma 0 only happens in an epsilon = inf run, whose ledger then reports "NOT DP".
         """
         assert self.plan is not None and self.sigma is not None
+        name = self.plan.release_name(iteration)
         if self.sigma == 0.0:
-            self.ledger.record_non_private(self.plan.release_name(iteration))
+            self._charge(name)
             return np.asarray(votes, dtype=np.float64)
-        return gaussian_release(
-            self.ledger, self.noise, votes, name=self.plan.release_name(iteration),
-            sensitivity=self.plan.sensitivity, sigma=self.sigma,
-        )
+        return gaussian_release(self.ledger, self.noise, votes, name=name, sensitivity=self.plan.sensitivity,
+                                sigma=self.sigma)
+
+    def _charge(self, name: str) -> None:
+        """Record a vote release whose noise is not drawn here (the parties' shares, or none at eps=inf).
+
+        Raises before anything is released if the budget would be exceeded.
+        """
+        assert self.plan is not None and self.sigma is not None
+        if self.sigma == 0.0:
+            self.ledger.record_non_private(name)
+        else:
+            self.ledger.record(GaussianEvent(name=name, sensitivity=self.plan.sensitivity, sigma=self.sigma))
 
 
 class Run:
