@@ -39,12 +39,12 @@ def main() -> None:
         report(json.loads((args.run_dir / "metrics.json").read_text()))
         return
     from dpsynth.runs.config import parse_config
-    from dpsynth.runs.run import Run
+    from dpsynth.runs.engine import Run
 
     raw = yaml.safe_load(files("dpsynth.configs").joinpath("demo.yaml").read_text())
     if args.n:
         raw["wasp"]["n"] = args.n
-    from dpsynth.data.corpora import cache_dir
+    from dpsynth.fs import cache_dir
 
     shared = cache_dir()
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 import pytest
+from helpers import sigma_for
 
-from dpsynth.algorithms.augpe import select_parents, vote_weights
-from dpsynth.algorithms.common import SyntheticSample
 from dpsynth.data.records import TaskSpec
-from dpsynth.privacy.plans import augpe_plan
+from dpsynth.methods.augpe import select_parents, vote_weights
+from dpsynth.methods.generation import SyntheticSample
 from dpsynth.prompts.builder import build_variation_request
 from dpsynth.runs.config import parse_config
 
@@ -24,8 +24,8 @@ def test_vote_weights_have_unit_norm() -> None:
 
 def test_augpe_sigma_equals_gaussian_dp_table() -> None:
     # PRIVACY.md: eps 4, delta 1e-5: sigma 2.162 for 4 releases, 3.419 for 10
-    assert augpe_plan(5).sigma_for(4.0, 1e-5) == pytest.approx(2.162, rel=5e-3)
-    assert augpe_plan(11).sigma_for(4.0, 1e-5) == pytest.approx(3.419, rel=5e-3)
+    assert sigma_for("augpe", 5, 4.0) == pytest.approx(2.162, rel=5e-3)
+    assert sigma_for("augpe", 11, 4.0) == pytest.approx(3.419, rel=5e-3)
 
 
 def _population() -> list[SyntheticSample]:

@@ -12,7 +12,6 @@ import yaml
 from dpsynth.data.loaders import load_labelled
 from dpsynth.errors import DpsynthError
 from dpsynth.runs.config import parse_config
-from dpsynth.runs.run import prepare_data
 
 TASK = {"text_kind": "email", "labels": {"spam": "unwanted advertising", "ham": "a normal message"}}
 
@@ -47,6 +46,16 @@ def test_loader_formats(tmp_path: Path) -> None:
     for name in ("d.jsonl", "d.parquet"):
         data = load_labelled(tmp_path / name, "body", "y")
         assert data.texts == ["a b c", "d e f"] and data.labels == ["spam", "ham"]
+
+
+def prepare_data(cfg) -> None:
+    """The data holder's checks, as a run makes them before spending anything."""
+    from dpsynth.data.public import task_for
+    from dpsynth.methods.registry import method_class
+    from dpsynth.private.dataset import check_private, load_private
+
+    method = method_class(cfg.method)(cfg)
+    check_private(cfg, load_private(cfg), task_for(cfg), min_records=method.min_private_records())
 
 
 def _config(tmp_path: Path, rows: str, **privacy) -> dict:

@@ -17,19 +17,35 @@ def _budget(*args: str) -> str:
 
 def test_wasp_sigma_for_target() -> None:
     out = _budget("wasp", "--epsilon", "4", "--delta", "1e-5", "--iterations", "5", "--q", "8")
-    assert "4 noisy releases" in out
-    assert "sigma per noisy release: 3.531" in out
-    assert "paper's sigma: 9.690" in out and "true epsilon at the paper's sigma: 1.287" in out
+    assert "4 noisy releases: wasp.votes x4" in out
+    assert "vote_sigma: 3.531" in out and "L2 sensitivity 1.63298" in out
+    assert "paper's vote_sigma: 9.690" in out and "true epsilon at the paper's value: 1.287" in out
 
 
 def test_wasp_epsilon_of_paper_sigma() -> None:
     out = _budget("wasp", "--sigma", "9.69", "--delta", "1e-5", "--iterations", "5", "--q", "8")
-    assert "epsilon spent: 1.287" in out
+    assert "epsilon spent: 1.2867" in out  # PRIVACY.md: 1.287
 
 
 def test_augpe() -> None:
     out = _budget("augpe", "--epsilon", "1", "--delta", "1e-5", "--iterations", "11")
-    assert "10 noisy releases" in out and "sigma per noisy release: 11.797" in out
+    assert "10 noisy releases" in out and "vote_sigma: 11.797" in out
+
+
+def test_dp_label_histogram_is_planned_and_leaves_less_for_the_votes() -> None:
+    out = _budget("augpe", "--epsilon", "1", "--delta", "1e-5", "--iterations", "11", "--label-proportions", "dp")
+    assert "labels.histogram x1, augpe.votes x10" in out
+    assert "label_sigma: 10.0000 on 1 release(s)" in out and "vote_sigma: 12.71" in out
+    assert "epsilon spent: 1.000" in out
+
+
+def test_budget_of_a_whole_run_config(tmp_path) -> None:
+    (tmp_path / "run.yaml").write_text(
+        "data: {corpus: rotten_tomatoes, m: 100}\ngenerators: [{model: smollm2-135m-instruct}]\n"
+        "wasp: {iterations: 5, q: 8}\nprivacy: {epsilon: 4, delta: 1.0e-5}\n"
+        "federated: {parties: 10}\n")
+    out = _budget("--config", str(tmp_path / "run.yaml"))
+    assert "vote_sigma: 3.531" in out and "SecAgg+ clipping reserve 1e-08" in out and "epsilon spent: 3.99" in out
 
 
 @pytest.mark.parametrize("parties,expected", [("5", "3.16"), ("10", "4.71")])
@@ -40,4 +56,4 @@ def test_federated_single_party_view(parties: str, expected: str) -> None:
 
 def test_user_level() -> None:
     out = _budget("wasp", "--epsilon", "4", "--iterations", "5", "--max-records-per-user", "8")
-    assert "13.06385" in out and "user with <= 8 records" in out
+    assert "13.06385" in out and "user (<= 8 records)" in out

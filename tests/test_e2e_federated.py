@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.runs.config import parse_config
-from dpsynth.runs.run import Run
+from dpsynth.runs.engine import Run
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,8 @@ def test_federated_run_with_secagg(method: str, tmp_path: Path) -> None:
     assert report["within_budget"] and report["epsilon"] <= 4.0 * (1 + 1e-6)
     assert "SecAgg+" in report["assumptions"]["trust_model"]
     assert report["delta"] < 1e-3 and "clips" in report["assumptions"]["delta_convention"]
-    assert report["plan"]["party_sigma"] == pytest.approx(report["plan"]["sigma_per_release"] / 3**0.5)
+    votes = report["plan"]["knobs"][0]
+    assert votes["name"] == "vote_sigma" and votes["party_value"] == pytest.approx(votes["value"] / 3**0.5)
     fed = json.loads((tmp_path / "run" / "metrics.json").read_text())["federated"]
     assert [r["parties_contributing"] for r in fed["rounds"]] == [3]
     assert fed["download_bytes_per_party"] > fed["upload_bytes_per_party"] > 0

@@ -8,15 +8,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import epsilon_at, sensitivity
+from helpers import plan as make_plan
 
 from dpsynth.errors import DpsynthError
+from dpsynth.federated.clipping import clip_range
 from dpsynth.federated.flower_secagg import (
-    MODULUS_RANGE, FederationError, FederationSettings, VoteRound, quantization_range, run_federation,
+    MODULUS_RANGE,
+    FederationError,
+    FederationSettings,
+    VoteRound,
+    quantization_range,
+    run_federation,
 )
 from dpsynth.federated.partition import dirichlet_partition, iid_partition
 from dpsynth.federated.party import PartyShard, noisy_votes
-from dpsynth.federated.voting import clip_range
-from dpsynth.privacy.plans import wasp_plan
 from dpsynth.runs.config import parse_config
 from dpsynth.voting.spec import VoteSpec
 
@@ -38,13 +44,13 @@ def test_partitions_cover_every_record_once_and_dirichlet_is_non_iid() -> None:
 
 
 def test_noise_shares_add_up_to_sigma_for_the_fewest_allowed_parties() -> None:
-    plan = wasp_plan(5, 8, parties=10, min_parties=7)
+    plan = make_plan("wasp", 5, 8, parties=10, min_parties=7)
     sigma = 3.5
     share = plan.party_sigma(sigma)
     assert 7 * share**2 == pytest.approx(sigma**2)  # the fewest survivors still sum to sigma
     assert 10 * share**2 > sigma**2  # more survivors: more noise, never less
     # a server that saw one party's vector would face only share-sized noise
-    assert plan.epsilon_single_party_view(sigma, 1e-5) > plan.epsilon_for(sigma, 1e-5)
+    assert epsilon_at(plan, share) > epsilon_at(plan, sigma)
 
 
 def test_clip_range_bounds_the_clipping_probability_and_quantization_cannot_overflow() -> None:
@@ -166,16 +172,16 @@ def test_plain_aggregation_sums_exactly_and_sees_each_party() -> None:
 
 
 def test_party_level_sensitivity_and_plain_mode_noise_shares() -> None:
-    from dpsynth.algorithms import method_for
+    from dpsynth.runs.planning import plan_privacy
 
     base = {"data": {"corpus": "rotten_tomatoes", "m": 300}, "generators": [{"model": "smollm2-135m-instruct"}],
             "wasp": {"q": 8}}
     party = parse_config({**base, "federated": {"parties": 150, "unit": "party", "max_records_per_party": 8}})
-    plan = method_for("wasp").release_plan(party)
-    assert plan.sensitivity == pytest.approx(13.06, abs=0.01)  # PRIVACY.md: m * 1.63298 (the paper uses 32)
+    plan = plan_privacy(party)
+    assert sensitivity(plan) == pytest.approx(13.06, abs=0.01)  # PRIVACY.md: m * 1.63298 (the paper uses 32)
     assert plan.party_sigma(10.0) == pytest.approx(10.0 / math.sqrt(150))
     plain = parse_config({**base, "federated": {"parties": 10, "aggregation": "plain"}})
-    assert method_for("wasp").release_plan(plain).party_sigma(3.0) == 3.0  # each party carries the full sigma
+    assert plan_privacy(plain).party_sigma(3.0) == 3.0  # each party carries the full sigma
 
 
 def test_run_summary_prints_any_method_and_the_federation(capsys) -> None:
@@ -195,8 +201,9 @@ def test_run_summary_prints_any_method_and_the_federation(capsys) -> None:
 
 
 def test_per_party_files_keep_each_partys_records_together(tmp_path: Path) -> None:
+    from dpsynth.data.public import task_for
     from dpsynth.federated.shards import party_indices
-    from dpsynth.runs.run import prepare_data
+    from dpsynth.private.dataset import load_private
 
     files = []
     for i, n in enumerate([3, 5]):
@@ -206,41 +213,50 @@ def test_per_party_files_keep_each_partys_records_together(tmp_path: Path) -> No
     cfg = parse_config({"task": {"text_kind": "note", "labels": {"a": "A", "b": "B"}},
                         "generators": [{"model": "smollm2-135m-instruct"}], "wasp": {"q": 2},
                         "federated": {"parties": 2, "partition": "files", "party_files": files}})
-    data = prepare_data(cfg)
-    parts = party_indices(cfg, np.asarray(data.private.label_ids(data.task.label_names)), data.party_of)
+    data = load_private(cfg)
+    parts = party_indices(cfg, np.asarray(data.records.label_ids(task_for(cfg).label_names)), data.party_of)
     assert [len(p) for p in parts] == [3, 5]
-    assert all(data.private.texts[j].startswith("party 1") for j in parts[1])
+    assert all(data.records.texts[j].startswith("party 1") for j in parts[1])
     with pytest.raises(DpsynthError, match="remove data.private"):
         parse_config({**cfg.model_dump(mode="json", exclude_none=True), "data": {"private": files[0]}})
 
 
 def test_federated_release_is_charged_before_the_parties_are_asked(tmp_path: Path) -> None:
+    from dpsynth.federated.holder import FederatedHolder
     from dpsynth.privacy.ledger import BudgetExceededError, PrivacyLedger
     from dpsynth.privacy.mechanisms import NoiseSource
-    from dpsynth.runs.run import Run, RunContext, prepare_data
+    from dpsynth.privacy.schedule import Schedule
+    from dpsynth.private.releases import ReleaseStore
+    from dpsynth.runs.planning import plan_privacy
 
-    (tmp_path / "p.csv").write_text("text,label\n" + "".join(f"t {i},{'a' if i % 2 else 'b'}\n" for i in range(20)))
     cfg = parse_config({"data": {"private": str(tmp_path / "p.csv")},
                         "task": {"text_kind": "note", "labels": {"a": "A", "b": "B"}},
                         "generators": [{"model": "smollm2-135m-instruct"}], "wasp": {"q": 2, "iterations": 3},
                         "privacy": {"delta": 1e-3}, "federated": {"parties": 2, "partition": "iid"}})
-    run = Run(cfg, tmp_path / "run")
-    sigma, plan = run.calibrate(), run.method.release_plan(cfg)
+    plan = plan_privacy(cfg)
+    knobs = plan.calibrate()
     asked: list[str] = []
 
-    class Federation:  # stands in for FederatedVoting; the real one is covered end to end
-        def noisy_sum(self, spec, candidates, labels, release):
-            asked.append(release)
-            return np.zeros(spec.length(len(candidates)))
+    class Aggregator:  # stands in for the Flower federation; the real one is covered end to end
+        def aggregate(self, vote_round):
+            asked.append(vote_round.release)
 
-    ledger = PrivacyLedger(4.0, run.accounting_delta())
-    ctx = RunContext(config=cfg, dir=tmp_path, data=prepare_data(cfg), generators={}, embedder=None,
-                     synth_embedder=None, ledger=ledger, noise=NoiseSource(None), plan=plan, sigma=sigma,
-                     label_shares={}, progress=None, federation=Federation())
+            class Result:
+                total = np.zeros(vote_round.spec.length(len(vote_round.candidates)))
+                contributors, bytes_down, bytes_up, seconds = 2, {0: 1}, {0: 1}, 0.1
+
+            return Result()
+
+    ledger = PrivacyLedger(4.0, plan.accounting_delta)
+    # one release more than planned, to see that the ledger refuses it before the parties are asked
+    over = make_plan("wasp", 4, 2, parties=2).schedule
+    holder = FederatedHolder(cfg.federated, plan.clip_delta, ledger=ledger, noise=NoiseSource(None),
+                             schedule=Schedule(over.releases, over.knobs), knobs=knobs, store=ReleaseStore(None))
+    holder.connect(Aggregator())
     spec, cand, labels = VoteSpec(kind="wasp", q=2), np.zeros((4, 8), np.float32), np.array([0, 0, 1, 1])
-    for t in (1, 2):  # the planned T-1 releases fit
-        ctx.noisy_votes(spec, cand, labels, t)
-    assert [e.name for e in ledger.events] == asked == [plan.release_name(1), plan.release_name(2)]
+    for t in (0, 1):  # the planned T-1 releases fit
+        holder.noisy_votes(spec, cand, labels, release=("wasp.votes", t))
+    assert [e.name for e in ledger.events] == asked == ["wasp.votes[iteration=0]", "wasp.votes[iteration=1]"]
     with pytest.raises(BudgetExceededError):  # one more is refused before any party is asked
-        ctx.noisy_votes(spec, cand, labels, 3)
+        holder.noisy_votes(spec, cand, labels, release=("wasp.votes", 2))
     assert len(asked) == 2

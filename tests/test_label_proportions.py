@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from dpsynth.data.public import task_for
 from dpsynth.errors import DpsynthError
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource
+from dpsynth.private.dataset import load_private
+from dpsynth.private.holder import CentralHolder
+from dpsynth.private.releases import ReleaseStore
+from dpsynth.runs.build import label_shares
 from dpsynth.runs.config import parse_config
-from dpsynth.runs.run import LABELS_RELEASE, Run, prepare_data
+from dpsynth.runs.planning import LABELS_RELEASE, plan_privacy
+from dpsynth.voting.spec import VoteSpec
+
+
+class _NoEmbedder:
+    def encode(self, texts):
+        return np.eye(len(texts), 4, dtype=np.float32)
 
 
 def _config(tmp_path: Path, proportions) -> dict:
@@ -25,48 +38,52 @@ def _config(tmp_path: Path, proportions) -> dict:
     }
 
 
+def _holder(cfg, ledger: PrivacyLedger, knobs: dict[str, float], store: ReleaseStore | None = None) -> CentralHolder:
+    plan = plan_privacy(cfg)
+    return CentralHolder(load_private(cfg).records, task_for(cfg).label_names, _NoEmbedder(), ledger=ledger,
+                         noise=NoiseSource(1), schedule=plan.schedule, knobs=knobs, store=store or ReleaseStore(None))
+
+
 def test_dp_label_histogram_is_accounted_and_leaves_less_for_votes(tmp_path: Path) -> None:
-    uniform = Run(parse_config(_config(tmp_path, "uniform")), tmp_path / "a")
+    uniform = plan_privacy(parse_config(_config(tmp_path, "uniform")))
     dp_cfg = parse_config(_config(tmp_path, "dp"))
-    dp = Run(dp_cfg, tmp_path / "b")
-    assert dp.calibrate() > uniform.calibrate()
+    dp = plan_privacy(dp_cfg)
+    knobs = dp.calibrate()
+    assert knobs["vote_sigma"] > uniform.calibrate()["vote_sigma"]
+    assert knobs["label_sigma"] == 10.0
     ledger = PrivacyLedger(2.0, 1e-5)
-    shares = dp._label_shares(prepare_data(dp_cfg), ledger, NoiseSource(1))
+    holder = _holder(dp_cfg, ledger, knobs)
+    shares = label_shares(dp_cfg, task_for(dp_cfg), holder)
     assert [e.name for e in ledger.events] == [LABELS_RELEASE]
     assert sum(shares.values()) == pytest.approx(1.0) and shares["ham"] > shares["spam"]
     # the whole schedule (histogram + T-1 votes at the calibrated sigma) fits the budget
-    for event in dp.method.release_plan(dp_cfg).events(dp.calibrate()):
-        ledger.record(event)
+    spec, cand, labels = VoteSpec(kind="wasp", q=4), np.eye(6, 4, dtype=np.float32), np.array([0, 0, 0, 1, 1, 1])
+    for t in range(2):
+        holder.noisy_votes(spec, cand, labels, release=("wasp.votes", t))
     assert ledger.spent().epsilon <= 2.0 * (1 + 1e-6)
 
 
 def test_public_proportions_are_used_and_checked(tmp_path: Path) -> None:
     cfg = parse_config(_config(tmp_path, {"spam": 1, "ham": 3}))
-    run = Run(cfg, tmp_path / "c")
     ledger = PrivacyLedger(2.0, 1e-5)
-    assert run._label_shares(prepare_data(cfg), ledger, NoiseSource(1)) == {"spam": 0.25, "ham": 0.75}
+    holder = _holder(cfg, ledger, plan_privacy(cfg).calibrate())
+    assert label_shares(cfg, task_for(cfg), holder) == {"spam": 0.25, "ham": 0.75}
     assert not ledger.events, "public proportions cost nothing"
     bad = parse_config(_config(tmp_path, {"spam": 1}))
     with pytest.raises(DpsynthError, match="positive share for each"):
-        Run(bad, tmp_path / "d")._label_shares(prepare_data(bad), ledger, NoiseSource(1))
+        label_shares(bad, task_for(bad), holder)
 
 
 def test_infinite_epsilon_run_releases_votes_without_noise_and_says_not_dp(tmp_path: Path) -> None:
-    import math
-
-    import numpy as np
-
-    from dpsynth.runs.run import RunContext
-
     raw = _config(tmp_path, "uniform")
     raw["privacy"]["epsilon"] = "inf"
     cfg = parse_config(raw)
-    run = Run(cfg, tmp_path / "e")
-    assert math.isinf(cfg.privacy.epsilon) and run.calibrate() == 0.0
+    knobs = plan_privacy(cfg).calibrate()
+    assert math.isinf(cfg.privacy.epsilon) and knobs == {"vote_sigma": 0.0}
     ledger = PrivacyLedger(cfg.privacy.epsilon, cfg.privacy.delta)
-    ctx = RunContext(config=cfg, dir=tmp_path, data=prepare_data(cfg), generators={}, embedder=None,
-                     synth_embedder=None, ledger=ledger, noise=NoiseSource(None),
-                     plan=run.method.release_plan(cfg), sigma=0.0, label_shares={}, progress=None)
-    votes = np.array([3.0, 0.0, 5.0])
-    assert np.array_equal(ctx.release_votes(votes, 1), votes)
+    holder = _holder(cfg, ledger, knobs)
+    cand = np.eye(4, 4, dtype=np.float32)
+    spec = VoteSpec(kind="rank", weights=(1.0,))
+    votes = holder.noisy_votes(spec, cand, np.array([0, 0, 1, 1]), release=("wasp.votes", 0))
+    assert votes.sum() == 40  # every record's clean Top-1 vote, un-noised
     assert not ledger.is_private and ledger.spent().epsilon == math.inf

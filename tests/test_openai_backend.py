@@ -23,7 +23,7 @@ from dpsynth.llm.base import GenerationRequest
 from dpsynth.llm.local_models import resolve_local_model
 from dpsynth.llm.openai_backend import OpenAICompatGenerator
 from dpsynth.runs.config import parse_config
-from dpsynth.runs.run import Run
+from dpsynth.runs.engine import Run
 
 
 def _free_port() -> int:

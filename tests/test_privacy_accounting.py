@@ -6,9 +6,9 @@ import math
 import random
 
 import pytest
+from helpers import epsilon_at, plan, sensitivity, sigma_for, vote_events
 
 from dpsynth.privacy.accountant import (
-    Adjacency,
     account,
     epsilon_pld,
     epsilon_rdp,
@@ -16,8 +16,12 @@ from dpsynth.privacy.accountant import (
     gdp_mu_for,
 )
 from dpsynth.privacy.calibrate import calibrate_noise, gaussian_sigma_closed_form
-from dpsynth.privacy.events import GaussianEvent, LaplaceEvent, PureDpEvent, SubsampledGaussianEvent
-from dpsynth.privacy.plans import augpe_plan, wasp_plan
+from dpsynth.privacy.events import (
+    GaussianEvent,
+    LaplaceEvent,
+    PureDpEvent,
+    SubsampledGaussianEvent,
+)
 
 REL = 0.005
 
@@ -36,42 +40,43 @@ WASP_TABLE = {
 
 
 def test_wasp_sensitivity_values() -> None:
-    assert close(wasp_plan(5, 8).sensitivity, 1.63298, 1e-5)
-    assert close(wasp_plan(5, 1).sensitivity, 1.41421, 1e-5)
-    assert close(wasp_plan(5, 8, adjacency=Adjacency.REPLACE).sensitivity, 2.30938, 1e-5)
-    assert close(wasp_plan(5, 8, max_records_per_user=8).sensitivity, 13.06, 1e-3)
+    assert close(sensitivity(plan("wasp", 5, 8)), 1.63298, 1e-5)
+    assert close(sensitivity(plan("wasp", 5, 1)), 1.41421, 1e-5)
+    assert close(sensitivity(plan("wasp", 5, 8, adjacency="replace")), 2.30938, 1e-5)
+    assert close(sensitivity(plan("wasp", 5, 8, max_records_per_user=8)), 13.06, 1e-3)
 
 
 @pytest.mark.parametrize("target", sorted(WASP_TABLE))
 def test_wasp_table(target: int) -> None:
     paper_sigma, paper_eps, tight_sigma = WASP_TABLE[target]
-    plan = wasp_plan(5, 8)
-    assert close(plan.paper(target, 1e-5).sigma_for_target, paper_sigma)
-    assert close(plan.epsilon_for(paper_sigma, 1e-5), paper_eps)
-    sigma = plan.sigma_for(target, 1e-5)
+    p = plan("wasp", 5, 8, epsilon=target)
+    assert close(p.paper().value, paper_sigma)
+    assert close(epsilon_at(p, paper_sigma), paper_eps)
+    sigma = p.calibrate()["vote_sigma"]
     assert close(sigma, tight_sigma)
     # Private side: the calibrated sigma never spends more than the target.
-    assert plan.epsilon_for(sigma, 1e-5) <= target * (1 + 1e-9)
-    assert close(plan.sigma_closed_form(target, 1e-5), sigma, 1e-3)
+    assert epsilon_at(p, sigma) <= target * (1 + 1e-9)
+    assert close(gaussian_sigma_closed_form(target, 1e-5, [sensitivity(p)] * 4), sigma, 1e-3)
 
 
 def test_wasp_rdp_is_looser_at_paper_sigma() -> None:
-    events = wasp_plan(5, 8).events(9.690)
+    events = vote_events(plan("wasp", 5, 8), 9.690)
     assert close(epsilon_rdp(events, 1e-5), 1.403)
     assert epsilon_rdp(events, 1e-5) > epsilon_pld(events, 1e-5)
 
 
 def test_federated_without_secure_aggregation() -> None:
     paper_sigma = 9.690
-    assert close(wasp_plan(5, 8, parties=5).epsilon_single_party_view(paper_sigma, 1e-5), 3.16, 0.01)
-    assert close(wasp_plan(5, 8, parties=10).epsilon_single_party_view(paper_sigma, 1e-5), 4.71, 0.01)
+    for parties, expected in ((5, 3.16), (10, 4.71)):
+        p = plan("wasp", 5, 8, parties=parties)
+        assert close(epsilon_at(p, p.party_sigma(paper_sigma)), expected, 0.01)
 
 
 def test_party_share_sized_for_min_parties() -> None:
-    plan = wasp_plan(5, 8, parties=10, min_parties=7)
-    assert math.isclose(plan.party_sigma(7.0), 7.0 / math.sqrt(7))
+    p = plan("wasp", 5, 8, parties=10, min_parties=7)
+    assert math.isclose(p.party_sigma(7.0), 7.0 / math.sqrt(7))
     # Any 7 survivors carry sigma^2 of noise in total.
-    assert math.isclose(7 * plan.party_sigma(7.0) ** 2, 49.0)
+    assert math.isclose(7 * p.party_sigma(7.0) ** 2, 49.0)
 
 
 # eps -> (mu, sigma T=4, sigma T=10), delta = 1e-5
@@ -87,14 +92,15 @@ AUGPE_TABLE = {
 def test_augpe_gaussian_dp_table(target: int) -> None:
     mu, sigma4, sigma10 = AUGPE_TABLE[target]
     assert close(gdp_mu_for(target, 1e-5), mu)
-    assert close(augpe_plan(5).sigma_for(target, 1e-5), sigma4)
-    assert close(augpe_plan(11).sigma_for(target, 1e-5), sigma10)
+    assert close(sigma_for("augpe", 5, target), sigma4)
+    assert close(sigma_for("augpe", 11, target), sigma10)
     # PLD reproduces the exact GDP epsilon to 4 decimals
-    assert abs(epsilon_pld(augpe_plan(11).events(sigma10), 1e-5) - gdp_epsilon(math.sqrt(10) / sigma10, 1e-5)) < 2e-3
+    events = vote_events(plan("augpe", 11), sigma10)
+    assert abs(epsilon_pld(events, 1e-5) - gdp_epsilon(math.sqrt(10) / sigma10, 1e-5)) < 2e-3
 
 
 def test_augpe_rdp_overstates() -> None:
-    events = augpe_plan(11).events(11.797)
+    events = vote_events(plan("augpe", 11), 11.797)
     ratio = epsilon_rdp(events, 1e-5) / epsilon_pld(events, 1e-5)
     assert 1.05 < ratio < 1.12
 
@@ -164,8 +170,10 @@ def test_closed_form_agrees_with_bisection_for_mixed_sensitivities() -> None:
 
 
 def test_calibration_from_a_bad_guess_still_brackets() -> None:
-    plan = wasp_plan(5, 8)
-    make = plan.events
+    p = plan("wasp", 5, 8)
+
+    def make(s: float) -> list:
+        return vote_events(p, s)
     for guess in (1.0, 30.0):
         assert close(calibrate_noise(make, 4.0, 1e-5, guess=guess), 3.531)
 

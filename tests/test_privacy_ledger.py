@@ -6,24 +6,35 @@ import json
 
 import numpy as np
 import pytest
+from helpers import plan as make_plan
+from helpers import sensitivity
 
 from dpsynth.errors import DpsynthError
 from dpsynth.privacy.events import GaussianEvent, PureDpEvent
 from dpsynth.privacy.ledger import BudgetExceededError, DoubleSpendError, PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource, gaussian_release, laplace_release
-from dpsynth.privacy.plans import wasp_plan
 from dpsynth.privacy.report import privacy_report, summary_lines
 
 
 def _planned_ledger() -> tuple[PrivacyLedger, float]:
-    plan = wasp_plan(5, 8)
-    sigma = plan.sigma_for(4.0, 1e-5)
+    sigma = make_plan("wasp", 5, 8, epsilon=4.0).calibrate()["vote_sigma"]
     return PrivacyLedger(4.0, 1e-5), sigma
+
+
+class _Plan:
+    """Names and sensitivity of WASP's planned vote releases (T=5, Q=8)."""
+
+    def __init__(self) -> None:
+        self.schedule = make_plan("wasp", 5, 8).schedule
+        self.sensitivity = sensitivity(make_plan("wasp", 5, 8))
+
+    def release_name(self, t: int) -> str:
+        return f"wasp.votes[iteration={t}]"
 
 
 def test_planned_schedule_fits_and_one_more_release_is_refused_before_noise() -> None:
     ledger, sigma = _planned_ledger()
-    plan = wasp_plan(5, 8)
+    plan = _Plan()
 
     class CountingNoise(NoiseSource):
         draws = 0
@@ -54,7 +65,7 @@ def test_double_spend_refused() -> None:
 
 def test_save_load_resume_does_not_double_count(tmp_path) -> None:
     ledger, sigma = _planned_ledger()
-    plan = wasp_plan(5, 8)
+    plan = _Plan()
     for t in (1, 2):
         ledger.record(GaussianEvent(name=plan.release_name(t), sensitivity=plan.sensitivity, sigma=sigma))
     path = tmp_path / "ledger.json"
@@ -95,17 +106,18 @@ def test_noise_has_the_calibrated_scale() -> None:
 
 def test_report_lists_everything_and_compares_with_paper() -> None:
     ledger, sigma = _planned_ledger()
-    plan = wasp_plan(5, 8)
-    for event in plan.events(sigma):
+    plan = make_plan("wasp", 5, 8, epsilon=4.0)
+    knobs = plan.calibrate()
+    for event in plan.schedule.events(knobs):
         ledger.record(event)
     ledger.record(PureDpEvent(name="tiny", epsilon=1e-9))
-    report = privacy_report(ledger, noise_mode=NoiseSource(seed=1).mode, plan=plan, sigma=sigma)
+    report = privacy_report(ledger, noise_mode=NoiseSource(seed=1).mode, plan=plan.describe(knobs))
     json.dumps(report)
     assert report["within_budget"]
     assert report["noise"]["for_release"] is False
     assert len(report["events"]) == 5
-    assert report["paper_formula"]["sigma_for_target"] == pytest.approx(9.690, rel=1e-3)
-    assert report["paper_formula"]["epsilon_of_paper_sigma"] == pytest.approx(1.287, rel=5e-3)
+    assert report["paper_formula"]["value"] == pytest.approx(9.690, rel=1e-3)
+    assert report["paper_formula"]["epsilon_of_paper_value"] == pytest.approx(1.287, rel=5e-3)
     assert report["accountant"]["epsilon_rdp"] > report["epsilon"]
     text = "\n".join(summary_lines(report))
     assert "9.6896" in text and "NOT FOR RELEASE" in text

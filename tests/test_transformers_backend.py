@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from dpsynth.config import GeneratorConfig
 from dpsynth.data.records import TaskSpec
-from dpsynth.llm.factory import build_generator
+from dpsynth.llm.registry import build_generator
 from dpsynth.prompts.builder import build_request
-from dpsynth.runs.config import GeneratorConfig
 
 pytestmark = pytest.mark.slow
 

@@ -5,11 +5,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpsynth.algorithms.common import GenerationPlan, SyntheticSample, generate_samples, plan_counts, split_count
-from dpsynth.algorithms.wasp import WaspState, build_requests, iteration_size, plm_weights, select_top
 from dpsynth.data.records import TaskSpec
 from dpsynth.llm.base import GenerationRequest, GenerationResult
 from dpsynth.llm.cache import CachedGenerator, RequestCache
+from dpsynth.methods.generation import (
+    GenerationPlan,
+    SyntheticSample,
+    generate_samples,
+    plan_counts,
+    split_count,
+)
+from dpsynth.methods.wasp import (
+    WaspState,
+    build_requests,
+    iteration_size,
+    plm_weights,
+    select_top,
+)
 from dpsynth.prompts.builder import PromptSettings
 
 TASK = TaskSpec("movie review", {"positive": "a positive review", "negative": "a negative review"},

@@ -20,13 +20,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpsynth.errors import DpsynthError
+from dpsynth.fs import RunDir
+from dpsynth.methods.registry import method_class, method_names
 from dpsynth.runs.config import parse_config
+
+PRIVATE_ONLY = "private_only"  # a reference row, not a method: the classifier trained on the private records
 
 
 class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
-    method: str = Field(..., description="wasp, augpe, fusegen or private_only")
+    method: str = Field(..., description="a registered method (dpsynth budget --help lists them) or private_only")
     overrides: dict[str, Any] = Field(default_factory=dict, description="run-config keys to change")
     epsilons: Optional[list[float]] = Field(None, description="this variant's epsilons (default: the bench's); "
                                             "inf = non-private reference")
@@ -70,21 +74,25 @@ def cells(bench: BenchConfig) -> list[dict]:
         generators = [g for g in bench.base["generators"] if v.plms is None or _plm_name(g) in v.plms]
         if not generators:
             raise DpsynthError(f"variant {v.name}: none of plms {v.plms} is in base.generators")
-        plm_sets = [[g] for g in generators] if v.method == "augpe" else [generators]
-        epsilons: list[Optional[float]] = (
-            [None] if v.method in ("fusegen", "private_only") else list(v.epsilons or bench.epsilons))
+        if v.method != PRIVATE_ONLY and v.method not in method_names():
+            raise DpsynthError(f"variant {v.name}: unknown method '{v.method}'; choose one of "
+                               f"{', '.join(method_names())} or {PRIVATE_ONLY}")
+        cls = method_class(v.method) if v.method != PRIVATE_ONLY else None
+        alone = cls is not None and cls.one_generator_per_run
+        plm_sets = [[g] for g in generators] if alone else [generators]
+        private_votes = cls is not None and cls.uses_private_data
+        epsilons: list[Optional[float]] = list(v.epsilons or bench.epsilons) if private_votes else [None]
         for plms in plm_sets:
             plm_tag = "+".join(_plm_name(g) for g in plms)
             for eps in epsilons:
                 for seed in v.seeds or bench.seeds:
                     raw = _merge(bench.base, v.overrides)
-                    raw.update(method=v.method if v.method != "private_only" else "fusegen", generators=plms,
-                               seed=seed)
+                    raw.update(method=v.method if cls is not None else "fusegen", generators=plms, seed=seed)
                     if eps is not None:
                         raw = _merge(raw, {"privacy": {"epsilon": eps}})
-                    if v.method in ("fusegen", "private_only"):
+                    if not private_votes:
                         raw.pop("federated", None)  # no private votes: nothing to federate
-                    name = f"{v.name}-{plm_tag if v.method == 'augpe' else 'all'}-eps{eps}-seed{seed}"
+                    name = f"{v.name}-{plm_tag if alone else 'all'}-eps{eps}-seed{seed}"
                     out.append({"name": name, "variant": v.name, "method": v.method, "plms": plm_tag,
                                 "epsilon": eps, "seed": seed, "config": raw})
     return out
@@ -96,54 +104,49 @@ def _plm_name(generator: dict) -> str:
 
 def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
              progress: Optional[Callable[[str, int, int], None]] = None) -> list[dict]:
+    from dpsynth.data.public import load_test
     from dpsynth.evaluate.run_eval import evaluate_run
-    from dpsynth.runs.run import Run, prepare_data
+    from dpsynth.runs.engine import Run
 
     rows = []
     for cell in cells(bench):
-        cell_dir = out / "cells" / cell["name"]
+        cell_dir = RunDir(out / "cells" / cell["name"])
         config = parse_config(cell["config"], cell["name"])
-        data = prepare_data(config)
-        if data.test is None:
+        test = load_test(config)
+        if test is None:
             raise DpsynthError("bench needs a real test set: use data.corpus or data.test")
-        if cell["method"] == "private_only":
-            row = _private_only(cell, data, config)
+        if cell["method"] == PRIVATE_ONLY:
+            row = _private_only(cell, config, test)
         else:
-            if not (cell_dir / "metrics.json").exists():
+            if not cell_dir.is_finished():
                 log(f"running {cell['name']}")
-                runner = (Run.resume(cell_dir, progress=progress) if (cell_dir / "checkpoints").exists()
-                          else Run.create(config, cell_dir, progress=progress))
+                runner = (Run.resume(cell_dir.root, progress=progress) if cell_dir.is_started()
+                          else Run.create(config, cell_dir.root, progress=progress))
                 runner.execute()
-            if not (cell_dir / "eval.json").exists():
-                evaluate_run(cell_dir, data.test, with_mauve=bench.eval_distribution)
+            if not cell_dir.evaluation.exists():
+                evaluate_run(cell_dir.root, test, with_mauve=bench.eval_distribution)
             row = _row(cell, cell_dir)
         rows.append(row)
     _write_csv(out / "results.csv", rows)
     return rows
 
 
-def _private_only(cell: dict, data, config) -> dict:
-    from dpsynth.data.corpora import cache_dir
-    from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
-    from dpsynth.evaluate.downstream import probe_scores
+def _private_only(cell: dict, config, test) -> dict:
+    from dpsynth.private.reference import private_only_scores
 
-    emb = SentenceTransformerEmbedder(config.embedder)
-    test_emb = CachedEmbedder(emb, cache_dir() / "embeddings-public.sqlite").encode(data.test.texts)
-    # private embeddings: in memory only, as everywhere else
-    scores = probe_scores(emb.encode(data.private.texts), data.private.labels, test_emb, data.test.labels,
-                          seed=cell["seed"])
+    scores = private_only_scores(config, test, seed=cell["seed"])
     return {**_keys(cell), "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
-            "samples": len(data.private), "epsilon_spent": None, "note": "private samples, NOT DP (reference)"}
+            "samples": scores["train_size"], "epsilon_spent": None, "note": "private samples, NOT DP (reference)"}
 
 
 def _keys(cell: dict) -> dict:
     return {k: cell[k] for k in ("name", "variant", "method", "plms", "epsilon", "seed")}
 
 
-def _row(cell: dict, cell_dir: Path) -> dict:
-    metrics = json.loads((cell_dir / "metrics.json").read_text())
-    privacy = json.loads((cell_dir / "privacy.json").read_text())
-    ev = json.loads((cell_dir / "eval.json").read_text())
+def _row(cell: dict, cell_dir: RunDir) -> dict:
+    metrics = json.loads(cell_dir.metrics.read_text())
+    privacy = json.loads(cell_dir.privacy.read_text())
+    ev = json.loads(cell_dir.evaluation.read_text())
     final = ev["final"]
     return {
         **_keys(cell),

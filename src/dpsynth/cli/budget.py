@@ -1,78 +1,123 @@
-"""`dpsynth budget`: plan a run's privacy before spending anything."""
+"""`dpsynth budget`: plan a run's privacy before spending anything.
+
+It builds the run's plan with the same code as `dpsynth run` (`dpsynth.runs.planning`): the
+method's releases, the DP label histogram and the SecAgg+ delta reserve, so the epsilon it
+prints is the one the finished run reports. Give a whole run config (`--config run.yaml`),
+or a method name with the flags below; `--option key=value` sets any other method option.
+"""
 
 from __future__ import annotations
 
+import math
 import time
-from enum import Enum
 from typing import Optional
 
 import typer
 
 from dpsynth.errors import DpsynthError
-from dpsynth.privacy.accountant import Adjacency, epsilon_rdp
-from dpsynth.privacy.plans import ReleasePlan, augpe_plan, wasp_plan
-
-
-class Method(str, Enum):
-    wasp = "wasp"
-    augpe = "augpe"
+from dpsynth.methods.registry import method_class, method_names
+from dpsynth.privacy.accountant import Adjacency
+from dpsynth.runs.config import load_config
+from dpsynth.runs.planning import PrivacyPlan, plan_for_method, plan_privacy
 
 
 def budget(
-    method: Method = typer.Argument(..., help="wasp, or augpe (Aug-PE / Pre-Text)."),
-    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target epsilon: prints the sigma to use."),
-    sigma: Optional[float] = typer.Option(None, "--sigma", help="Noise per release: prints the epsilon spent."),
+    method: Optional[str] = typer.Argument(None, help="A method (wasp, augpe, ...); or give --config."),
+    config: Optional[str] = typer.Option(None, "--config", help="Plan exactly this run config."),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target epsilon: prints the noise to use."),
+    sigma: Optional[float] = typer.Option(None, "--sigma", help="Vote noise per release: prints the epsilon."),
     delta: float = typer.Option(1e-5, "--delta"),
-    iterations: int = typer.Option(5, "--iterations", "-T", help="All iterations, including zero-shot iteration 0."),
-    q: int = typer.Option(8, "--q", help="WASP's Top-Q."),
+    iterations: Optional[int] = typer.Option(None, "--iterations", "-T",
+                                             help="All iterations, including zero-shot iteration 0."),
+    q: Optional[int] = typer.Option(None, "--q", help="WASP's Top-Q."),
+    option: list[str] = typer.Option([], "--option", help="Any method option as key=value (repeatable)."),
+    label_proportions: Optional[str] = typer.Option(None, "--label-proportions", help="uniform or dp."),
     max_records_per_user: int = typer.Option(1, "--max-records-per-user", help="User-level DP: records per user."),
     parties: int = typer.Option(1, "--parties", help="Federated: number of data parties (secure aggregation)."),
     min_parties: Optional[int] = typer.Option(None, "--min-parties", help="Fewest parties a round may finish with."),
     adjacency: Adjacency = typer.Option(Adjacency.ADD_REMOVE, "--adjacency"),
 ) -> None:
-    """Calibrate sigma for a target epsilon, or compute the epsilon of a sigma."""
+    """Calibrate the noise for a target epsilon, or compute the epsilon of a vote sigma."""
+    if config is not None:
+        plan = plan_privacy(load_config(config))
+        if sigma is not None or epsilon is not None:
+            raise DpsynthError("with --config the budget comes from the config's privacy section")
+        _print(plan, None)
+        return
+    if method is None:
+        raise DpsynthError(f"give a method ({', '.join(method_names())}) or --config RUN.yaml")
+    method_class(method)  # one-line error for an unknown name
     if (epsilon is None) == (sigma is None):
-        raise DpsynthError("give exactly one of --epsilon (to get sigma) or --sigma (to get epsilon)")
+        raise DpsynthError("give exactly one of --epsilon (to get the noise) or --sigma (to get epsilon)")
     for flag, value in (("--epsilon", epsilon), ("--sigma", sigma)):
         if value is not None and value <= 0:
             raise DpsynthError(f"{flag} must be > 0 (got {value})")
-    common = dict(
-        adjacency=adjacency, max_records_per_user=max_records_per_user, parties=parties, min_parties=min_parties
-    )
-    plan: ReleasePlan = wasp_plan(iterations, q, **common) if method is Method.wasp else augpe_plan(iterations, **common)
-    unit = "record" if max_records_per_user == 1 else f"user with <= {max_records_per_user} records"
-    typer.echo(
-        f"method: {method.value}; T={iterations} iterations -> {plan.noisy_releases} noisy releases "
-        "(iteration 0 is zero-shot and uses no private data)"
-    )
-    typer.echo(f"L2 sensitivity per release: {plan.sensitivity:.5f} ({adjacency.value}, unit: {unit})")
-    if epsilon is not None:
-        start = time.perf_counter()
-        sigma = plan.sigma_for(epsilon, delta, adjacency)
-        took = time.perf_counter() - start
-        typer.echo(f"sigma per noisy release: {sigma:.3f}")
-        typer.echo(
-            f"  (PLD bisection in {took:.2f}s; Gaussian-DP closed form {plan.sigma_closed_form(epsilon, delta):.3f})"
-        )
-        paper = plan.paper(epsilon, delta)
-        if paper.sigma_for_target is not None:
-            typer.echo(f"paper's sigma: {paper.sigma_for_target:.3f} [{paper.description}]")
-            typer.echo(
-                f"  true epsilon at the paper's sigma: {plan.epsilon_for(paper.sigma_for_target, delta):.3f}; "
-                f"paper sigma / tight sigma = {paper.sigma_for_target / sigma:.2f}x"
-            )
-    assert sigma is not None
-    spent = plan.epsilon_for(sigma, delta, adjacency)
-    rdp = epsilon_rdp(plan.events(sigma), delta, adjacency)
-    typer.echo(f"epsilon spent: {spent:.3f} at delta={delta:g} (PLD; RDP cross-check {rdp:.3f})" if rdp else
-               f"epsilon spent: {spent:.3f} at delta={delta:g} (PLD)")
+    options: dict = {}
+    if iterations is not None:
+        options["iterations"] = iterations
+    if q is not None:
+        options["q"] = q
+    for item in option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise DpsynthError(f"--option {item}: use key=value")
+        options[key.strip()] = value.strip()
+    plan = plan_for_method(method, epsilon=epsilon if epsilon is not None else math.inf, delta=delta,
+                           options=options, adjacency=adjacency.value, max_records_per_user=max_records_per_user,
+                           label_proportions=label_proportions, parties=parties, min_parties=min_parties)
+    _print(plan, sigma)
+
+
+def _print(plan: PrivacyPlan, vote_sigma: float | None) -> None:
+    cfg = plan.config
+    schedule = plan.schedule
+    typer.echo(f"method: {plan.method.name}; {len(schedule.releases)} noisy releases: "
+               f"{_names(schedule)}")
+    typer.echo(f"unit of privacy: {plan.assumptions().unit}; adjacency {cfg.privacy.adjacency.value}")
+    if schedule.is_empty:
+        typer.echo("this configuration releases nothing private: epsilon 0")
+        return
+    start = time.perf_counter()
+    knobs = plan.calibrate() if vote_sigma is None else plan.calibrate() | {_free_knob(plan): vote_sigma}
+    took = time.perf_counter() - start
+    description = plan.describe(knobs)
+    for k in description["knobs"]:
+        typer.echo(f"{k['name']}: {k['value']:.4f} on {k['releases']} release(s), L2 sensitivity "
+                   f"{k['sensitivity']:.5f} [{k['how']}] - {k['description']}")
+    if vote_sigma is None:
+        typer.echo(f"  (calibrated by bisection on the PLD accountant in {took:.2f}s)")
+    paper = description.get("paper_formula")
+    if paper:
+        ratio = paper["value"] / knobs[paper["knob"]]
+        typer.echo(f"paper's {paper['knob']}: {paper['value']:.3f} [{paper['description']}]")
+        typer.echo(f"  true epsilon at the paper's value: {paper['epsilon_of_paper_value']:.3f}; "
+                   f"paper / tight = {ratio:.2f}x")
+    spent = plan.epsilon_of(knobs)
+    rdp = plan.epsilon_rdp_of(knobs)
+    reserve = cfg.privacy.delta - plan.accounting_delta
+    typer.echo(f"epsilon spent: {spent:.4f} at delta={cfg.privacy.delta:g}"
+               + (f" (accountant delta {plan.accounting_delta:g} + SecAgg+ clipping reserve {reserve:.3g})"
+                  if reserve else "")
+               + (f" (PLD; RDP cross-check {rdp:.4f})" if rdp is not None else " (PLD)"))
+    parties, fewest = plan.parties
     if parties > 1:
-        typer.echo(
-            f"federated: each of {parties} parties adds sigma {plan.party_sigma(sigma):.3f} "
-            f"(sized for {plan.min_parties or parties} surviving parties); the sum is private only under "
-            "secure aggregation"
-        )
-        typer.echo(
-            f"  without secure aggregation a server seeing one party's histogram gets epsilon "
-            f"{plan.epsilon_single_party_view(sigma, delta):.3f}"
-        )
+        free = _free_knob(plan)
+        typer.echo(f"federated: each of {parties} parties adds {free} {plan.party_sigma(knobs[free]):.3f} "
+                   f"(sized for {fewest} surviving parties); the sum is private only under secure aggregation")
+        single = {**knobs, free: plan.party_sigma(knobs[free])}
+        typer.echo(f"  without secure aggregation a server seeing one party's histogram gets epsilon "
+                   f"{plan.epsilon_of(single):.3f}")
+
+
+def _free_knob(plan: PrivacyPlan) -> str:
+    free = [k.name for k in plan.schedule.knobs if k.free]
+    if not free:
+        raise DpsynthError("--sigma needs a schedule with a calibrated noise knob")
+    return free[0]
+
+
+def _names(schedule) -> str:
+    counts: dict[str, int] = {}
+    for r in schedule.releases:
+        counts[r.kind] = counts.get(r.kind, 0) + 1
+    return ", ".join(f"{k} x{n}" for k, n in counts.items())

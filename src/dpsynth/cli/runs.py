@@ -1,4 +1,4 @@
-"""`dpsynth run` and `dpsynth demo`: execute or resume a WASP run and print what it produced."""
+"""`dpsynth run` and `dpsynth demo`: execute or resume a run of any method and print what it produced."""
 
 from __future__ import annotations
 
@@ -9,11 +9,19 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
+from dpsynth.config import RunConfig
 from dpsynth.errors import DpsynthError
-from dpsynth.runs.config import RunConfig, load_config, parse_config
+from dpsynth.fs import RunDir
+from dpsynth.runs.config import load_config, parse_config
 
 console = Console(stderr=False)
 
@@ -23,7 +31,7 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: runs/<time>)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
 ) -> None:
-    """Run WASP on your private data, or resume an interrupted run."""
+    """Run a method (WASP by default) on your private data, or resume an interrupted run."""
     if resume is not None:
         if config is not None:
             raise DpsynthError("give either CONFIG or --resume RUN_DIR, not both")
@@ -45,7 +53,7 @@ def demo(
     if n is not None:
         raw["wasp"]["n"] = n
     config = parse_config(raw, "demo config")
-    if (out / "checkpoints" / "state.json").exists():
+    if RunDir(out).is_started():
         console.print(f"[yellow]{out} holds an earlier demo run: resuming it[/yellow]")
         _execute(None, out)
     else:
@@ -57,7 +65,7 @@ def _default_dir() -> Path:
 
 
 def _execute(config: RunConfig | None, run_dir: Path) -> None:
-    from dpsynth.runs.run import Run
+    from dpsynth.runs.engine import Run
 
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,

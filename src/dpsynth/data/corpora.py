@@ -13,7 +13,6 @@ from __future__ import annotations
 import bz2
 import hashlib
 import io
-import os
 import subprocess
 import sys
 import tempfile
@@ -27,11 +26,7 @@ import pandas as pd
 
 from dpsynth.data.records import LabelledTexts, TaskSpec
 from dpsynth.errors import DpsynthError
-
-
-def cache_dir() -> Path:
-    """Where fetched assets live: $DPSYNTH_CACHE or ~/.cache/dpsynth."""
-    return Path(os.environ.get("DPSYNTH_CACHE", Path.home() / ".cache" / "dpsynth"))
+from dpsynth.fs import cache_dir
 
 
 @dataclass(frozen=True)

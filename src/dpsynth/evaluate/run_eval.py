@@ -12,22 +12,33 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import yaml
 
-from dpsynth.data.corpora import cache_dir
 from dpsynth.data.records import LabelledTexts
-from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
+from dpsynth.embed.sentence import (
+    DEFAULT_EMBEDDER,
+    CachedEmbedder,
+    SentenceTransformerEmbedder,
+)
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate.distribution import distribution_report
 from dpsynth.evaluate.downstream import probe_scores
-from dpsynth.privacy.ledger import atomic_write_text
-from dpsynth.runs.config import load_config
+from dpsynth.fs import RunDir, atomic_write_text, cache_dir
 
 
 def read_synthetic(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "synthetic.jsonl"
+    path = RunDir(run_dir).synthetic
     if not path.is_file():
         raise DpsynthError(f"{run_dir}: no synthetic.jsonl; is the run finished?")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _run_settings(run_dir: RunDir) -> dict:
+    """The embedder and seed of a run, from its resolved config.yaml (the rest is not needed here)."""
+    if not run_dir.config.is_file():
+        raise DpsynthError(f"{run_dir.root}: no config.yaml; not a dpsynth run directory")
+    raw = yaml.safe_load(run_dir.config.read_text(encoding="utf-8")) or {}
+    return {"embedder": raw.get("embedder", DEFAULT_EMBEDDER), "seed": int(raw.get("seed", 0))}
 
 
 def evaluate_run(
@@ -39,12 +50,12 @@ def evaluate_run(
     per_iteration: bool = True,
 ) -> dict:
     run_dir = Path(run_dir)
-    config = load_config(run_dir / "config.yaml")
+    config = _run_settings(RunDir(run_dir))
     rows = read_synthetic(run_dir)
     if not rows:
         raise DpsynthError(f"{run_dir}: synthetic.jsonl is empty")
-    embedder = SentenceTransformerEmbedder(config.embedder)
-    synth = CachedEmbedder(embedder, run_dir / "cache" / "embeddings.sqlite")
+    embedder = SentenceTransformerEmbedder(config["embedder"])
+    synth = CachedEmbedder(embedder, RunDir(run_dir).synthetic_embeddings)
     public = CachedEmbedder(embedder, cache_dir() / "embeddings-public.sqlite")
     test_emb = public.encode(test.texts)
     emb = synth.encode([r["text"] for r in rows])
@@ -59,8 +70,8 @@ def evaluate_run(
             "up_to_iteration": last,
             "samples": len(idx),
             "per_label": dict(Counter(labels)),
-            "probe": probe_scores(emb[idx], labels, test_emb, test.labels, seed=config.seed),
-            **distribution_report(emb[idx], texts, test_emb, with_mauve=with_mauve, seed=config.seed),
+            "probe": probe_scores(emb[idx], labels, test_emb, test.labels, seed=config["seed"]),
+            **distribution_report(emb[idx], texts, test_emb, with_mauve=with_mauve, seed=config["seed"]),
         }
         out["iterations"].append(entry)
     final = out["iterations"][-1]
@@ -71,7 +82,7 @@ def evaluate_run(
             [r["text"] for r in rows], [r["label"] for r in rows], test.texts, test.labels
         )
     out["final"] = final
-    atomic_write_text(run_dir / "eval.json", json.dumps(out, indent=2, default=float))
+    atomic_write_text(RunDir(run_dir).evaluation, json.dumps(out, indent=2, default=float))
     return out
 
 

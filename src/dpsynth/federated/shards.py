@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpsynth.config import RunConfig
 from dpsynth.embed.sentence import SentenceTransformerEmbedder
 from dpsynth.errors import DpsynthError
 from dpsynth.federated.partition import dirichlet_partition, iid_partition
 from dpsynth.federated.party import PartyShard
-from dpsynth.runs.config import RunConfig
+from dpsynth.private.dataset import PrivateData
 
 
 def party_indices(config: RunConfig, label_ids: np.ndarray, party_of: np.ndarray | None) -> list[np.ndarray]:
@@ -22,16 +23,17 @@ def party_indices(config: RunConfig, label_ids: np.ndarray, party_of: np.ndarray
     return dirichlet_partition(label_ids, fed.parties, fed.alpha, seed=config.seed)
 
 
-def party_shards(config: RunConfig, data, embedder: SentenceTransformerEmbedder) -> list[PartyShard]:
+def party_shards(config: RunConfig, data: PrivateData, label_names: list[str],
+                 embedder: SentenceTransformerEmbedder) -> list[PartyShard]:
     """Shards with embeddings, in memory only. (On real separate machines each party embeds its own.)"""
     fed = config.federated
     assert fed is not None
-    label_ids = np.asarray(data.private.label_ids(data.task.label_names))
+    label_ids = np.asarray(data.records.label_ids(label_names))
     parts = party_indices(config, label_ids, data.party_of)
     if any(len(p) > fed.max_records_per_party for p in parts):
         # Only the fact is reported: a party's exact size is itself private.
         raise DpsynthError(
             f"a party holds more than federated.max_records_per_party={fed.max_records_per_party} records; "
             "raise the bound (it sets the SecAgg+ clipping range and the party-level sensitivity)")
-    embeddings = embedder.encode(data.private.texts)
+    embeddings = embedder.encode(data.records.texts)
     return [PartyShard(i, embeddings[idx], label_ids[idx]) for i, idx in enumerate(parts)]

@@ -15,7 +15,13 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from dpsynth.llm.base import Generator, GenerationRequest, GenerationResult, ResultCallback, Usage
+from dpsynth.llm.base import (
+    GenerationRequest,
+    GenerationResult,
+    Generator,
+    ResultCallback,
+    Usage,
+)
 
 
 class RequestCache:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from dpsynth.data.corpora import cache_dir
 from dpsynth.errors import DpsynthError
+from dpsynth.fs import cache_dir
 
 
 @dataclass(frozen=True)

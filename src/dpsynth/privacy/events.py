@@ -18,6 +18,10 @@ class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(description="What the release is, e.g. 'wasp.votes[iter=1]'.")
     count: PositiveInt = Field(1, description="How many identical releases this event stands for.")
+    scope: str = Field(
+        "all", description="Which records the release touches: 'all', or a named group of records (e.g. "
+        "'parties:strong'). Events of disjoint scopes may compose in parallel; today every event is 'all' "
+        "and the ledger composes them sequentially (always valid).")
 
 
 class GaussianEvent(_Event):

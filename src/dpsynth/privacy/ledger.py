@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from dpsynth.errors import DpsynthError
+from dpsynth.fs import atomic_write_text
 from dpsynth.privacy.accountant import Adjacency, EpsilonReport, account, epsilon_pld
 from dpsynth.privacy.events import PrivacyEvent
 
@@ -150,19 +149,3 @@ class PrivacyLedger:
     @classmethod
     def load(cls, path: Path) -> "PrivacyLedger":
         return cls.from_dict(json.loads(Path(path).read_text()))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -9,23 +9,17 @@ the same content for the terminal.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from dpsynth.fs import atomic_write_text
 from dpsynth.privacy.accountant import PLD_DISCRETIZATION, gaussian_mu
-from dpsynth.privacy.ledger import PrivacyLedger, atomic_write_text
-from dpsynth.privacy.plans import ReleasePlan
+from dpsynth.privacy.ledger import PrivacyLedger
 
 
-def privacy_report(
-    ledger: PrivacyLedger,
-    *,
-    noise_mode: str,
-    plan: ReleasePlan | None = None,
-    sigma: float | None = None,
-) -> dict[str, Any]:
+def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report of a finished run; `plan` is the run's schedule as described by its planner."""
     spent = ledger.spent()
     private = ledger.is_private
     report: dict[str, Any] = {
@@ -52,23 +46,10 @@ def privacy_report(
     if not private:
         report["non_private_releases"] = list(ledger.non_private_releases)
         report["warning"] = "NOT DP: votes were released without noise (epsilon = inf reference run)"
-    if plan is not None and sigma and math.isfinite(ledger.epsilon_budget):
-        paper = plan.paper(ledger.epsilon_budget, ledger.delta)
-        report["plan"] = {
-            "method": plan.method,
-            "iterations": plan.iterations,
-            "noisy_releases": plan.noisy_releases,
-            "sensitivity_l2": plan.sensitivity,
-            "sigma_per_release": sigma,
-            "parties": plan.parties,
-            "party_sigma": plan.party_sigma(sigma) if plan.parties > 1 else None,
-        }
-        report["paper_formula"] = {
-            **asdict(paper),
-            "epsilon_of_paper_sigma": (
-                plan.epsilon_for(paper.sigma_for_target, ledger.delta) if paper.sigma_for_target else None
-            ),
-        }
+    if plan is not None and plan["releases"]:
+        report["plan"] = {k: v for k, v in plan.items() if k != "paper_formula"}
+        if "paper_formula" in plan and private:
+            report["paper_formula"] = plan["paper_formula"]
     return report
 
 
@@ -89,18 +70,17 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"noise: {report['noise']['mode']}",
         "assumptions: " + "; ".join(f"{k}={v}" for k, v in report["assumptions"].items()),
     ]
-    plan = report.get("plan")
-    if plan:
-        lines.append(
-            f"{plan['noisy_releases']} noisy releases of {plan['method']} votes, L2 sensitivity "
-            f"{plan['sensitivity_l2']:.5f}, sigma {plan['sigma_per_release']:.4f} each"
-        )
+    for knob in (report.get("plan") or {}).get("knobs", []):
+        sens = f", sensitivity {knob['sensitivity']:.5f}" if knob["sensitivity"] else ""
+        party = f" ({knob['party_value']:.4f} per party)" if knob.get("party_value") else ""
+        lines.append(f"{knob['releases']} release(s) on {knob['name']} = {knob['value']:.4f}{party} "
+                     f"[{knob['how']}{sens}]")
     paper = report.get("paper_formula")
-    if paper and paper.get("sigma_for_target"):
+    if paper:
         lines.append(
-            f"the paper's formula would use sigma {paper['sigma_for_target']:.4f} "
-            f"(sensitivity {paper['sensitivity']:g}); at that sigma the true epsilon is "
-            f"{_fmt(paper['epsilon_of_paper_sigma'])}"
+            f"the paper's formula would use {paper['knob']} {paper['value']:.4f} "
+            f"(sensitivity {paper['sensitivity']:g}); at that value the true epsilon is "
+            f"{_fmt(paper['epsilon_of_paper_value'])}"
         )
     lines.append(f"events: {len(report['events'])} (listed in privacy.json)")
     return lines

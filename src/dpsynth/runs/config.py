@@ -1,213 +1,21 @@
-"""One typed configuration per run, loadable from YAML; every default lives here."""
+"""Read, validate and write run configs: shared sections (`dpsynth.config`) plus method sections.
+
+Each method section (`wasp:`, `augpe:`, ...) is validated by the registered method's own
+options model; the run's method gets its defaults when its section is absent, and any other
+top-level key that is not a registered method is an error.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import ValidationError
 
-from dpsynth.embed.sentence import DEFAULT_EMBEDDER
+from dpsynth.config import RunConfig
 from dpsynth.errors import DpsynthError
-from dpsynth.privacy.accountant import Adjacency
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GeneratorConfig(_Strict):
-    """One PLM. `model` is a known local name, a .gguf path, an API model name or a HF model id."""
-
-    kind: Literal["llama_cpp", "openai", "transformers"] = "llama_cpp"
-    model: str
-    name: Optional[str] = None
-    chat: Optional[bool] = Field(None, description="instruct model (chat) or base model (completion); auto for GGUF")
-    base_url: Optional[str] = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
-    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
-    max_concurrency: PositiveInt = 4
-    max_retries: int = Field(5, ge=0, description="API retries with exponential backoff (timeouts, 429, 5xx)")
-    timeout: float = Field(120.0, gt=0, description="seconds per API request")
-    n_ctx: PositiveInt = 2048
-    price_per_prompt_token: Optional[float] = None
-    price_per_completion_token: Optional[float] = None
-
-    @property
-    def display_name(self) -> str:
-        return self.name or Path(self.model).stem
-
-
-class DataConfig(_Strict):
-    """Private data: the user's file, or a public corpus standing in for it (demo, benchmarks)."""
-
-    private: Optional[Path] = None
-    corpus: Optional[str] = None
-    text_column: str = "text"
-    label_column: str = "label"
-    m: Optional[PositiveInt] = Field(None, description="with corpus: private samples drawn from its train split")
-    test: Optional[Path] = Field(None, description="real labelled test file for evaluation (never used to generate)")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "DataConfig":
-        if self.private is not None and self.corpus is not None:
-            raise ValueError("give one of data.private (your file) or data.corpus (a public corpus), not both")
-        if self.corpus is not None and self.m is None:
-            raise ValueError("data.m (number of private samples) is required with data.corpus")
-        return self
-
-
-class TaskConfig(_Strict):
-    text_kind: str = Field(..., description="short noun phrase for one text, e.g. 'customer support email'")
-    labels: dict[str, str] = Field(..., description="label -> what it means (used in prompts)")
-    description: str = Field("", description="one public sentence on what the texts look like")
-
-
-class PrivacyConfig(_Strict):
-    epsilon: float = 4.0
-    delta: float = 1e-5
-    adjacency: Adjacency = Adjacency.ADD_REMOVE
-    max_records_per_user: PositiveInt = 1
-    label_proportions: Union[Literal["uniform", "dp"], dict[str, float]] = Field(
-        "uniform", description="uniform, public proportions {label: share}, or 'dp' (noisy label counts, accounted)"
-    )
-    label_histogram_sigma: float = Field(10.0, gt=0, description="noise of the DP label histogram ('dp' only)")
-    noise_seed: Optional[int] = Field(None, description="reproducible noise for experiments: NOT FOR RELEASE")
-
-
-class WaspConfig(_Strict):
-    n: PositiveInt = Field(6000, description="total synthetic samples over all iterations")
-    iterations: int = Field(5, ge=2, description="T, including zero-shot iteration 0")
-    q: PositiveInt = 8
-    s: int = Field(4, ge=1, description="in-context examples per prompt (and top-S selected per label)")
-    contrastive: bool = True
-    plm_weighting: bool = True
-    min_weight: float = Field(0.05, ge=0, lt=1, description="floor on every PLM's weight, so none starves")
-    samples_per_prompt: PositiveInt = Field(1, description="samples drawn per sampled prompt (prefix reuse)")
-    max_tokens: PositiveInt = 64
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_attempts: PositiveInt = 3
-
-
-class AugPEConfig(_Strict):
-    """Aug-PE / Private Evolution with one PLM (Xie et al. 2024)."""
-
-    n: PositiveInt = Field(600, description="population size; the final population is the output")
-    iterations: int = Field(5, ge=2, description="T, including the initial random-API population")
-    votes: Literal["top1", "knn"] = "top1"
-    k: PositiveInt = Field(1, description="neighbours per private sample for knn votes (normalised to norm 1)")
-    threshold: float = Field(0.0, ge=0, description="noisy counts below this are set to zero")
-    selection: Literal["rank", "sample"] = "sample"
-    variation: Literal["paraphrase", "fill_blank", "mixed"] = "mixed"
-    fill_ratio: float = Field(0.3, gt=0, lt=1)
-    max_tokens: PositiveInt = 64
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_attempts: PositiveInt = 3
-
-
-class FuseGenConfig(_Strict):
-    """Zero-shot multi-PLM fusion (FuseGen-style): no private data, epsilon 0."""
-
-    n: PositiveInt = 600
-    max_tokens: PositiveInt = 64
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_attempts: PositiveInt = 3
-
-
-class FederatedConfig(_Strict):
-    """L data parties vote on their own shards; only the (securely aggregated) sum leaves them."""
-
-    parties: int = Field(..., ge=2, description="L, number of data parties")
-    partition: Literal["dirichlet", "iid", "files", "nodes"] = Field(
-        "dirichlet", description="how the private set is split in experiments; 'files': one file per party "
-        "(simulated on this machine); 'nodes': Flower SuperNodes on separate machines, each reading its own "
-        "file (node-config data-path) - the server never loads private data (docs/federated.md)")
-    alpha: float = Field(1.0, gt=0, description="Dirichlet concentration over labels (smaller = less IID)")
-    party_files: Optional[list[str]] = Field(None, description="partition 'files': one private file per party")
-    aggregation: Literal["secagg+", "plain"] = Field(
-        "secagg+", description="secagg+: the server sees only the sum (Flower SecAgg+), each party adds "
-        "sigma/sqrt(min_parties); plain: the server sees every party's vector, so each adds the full sigma")
-    min_parties: Optional[PositiveInt] = Field(
-        None, description="fewest parties a round may aggregate (SecAgg+ threshold); default: all parties")
-    max_records_per_party: PositiveInt = Field(
-        64, description="public bound on a party's records: sets the SecAgg+ clipping range, and the "
-        "sensitivity when unit is 'party'")
-    unit: Literal["record", "party"] = Field("record", description="unit of privacy: one record, or one party")
-    timeout: float = Field(300.0, gt=0, description="seconds to wait for the parties at each protocol stage")
-
-    @model_validator(mode="after")
-    def _checks(self) -> "FederatedConfig":
-        if self.min_parties is not None and self.min_parties > self.parties:
-            raise ValueError(f"federated.min_parties={self.min_parties} exceeds parties={self.parties}")
-        if self.partition == "files" and len(self.party_files or []) != self.parties:
-            raise ValueError("federated.partition 'files' needs party_files with one file per party")
-        return self
-
-    @property
-    def threshold(self) -> int:
-        return self.min_parties or self.parties
-
-
-class RunConfig(_Strict):
-    method: Literal["wasp", "augpe", "fusegen"] = "wasp"
-    data: DataConfig = DataConfig()
-    task: Optional[TaskConfig] = None
-    generators: list[GeneratorConfig] = Field(..., min_length=1)
-    wasp: WaspConfig = WaspConfig()
-    augpe: AugPEConfig = AugPEConfig()
-    fusegen: FuseGenConfig = FuseGenConfig()
-    privacy: PrivacyConfig = PrivacyConfig()
-    federated: Optional[FederatedConfig] = None
-    embedder: str = DEFAULT_EMBEDDER
-    seed: int = 0
-    evaluate: bool = True
-
-    @model_validator(mode="after")
-    def _checks(self) -> "RunConfig":
-        if self.privacy.epsilon <= 0:
-            raise ValueError(f"privacy.epsilon must be > 0 (got {self.privacy.epsilon})")
-        if not 0 < self.privacy.delta < 1:
-            raise ValueError(f"privacy.delta must be in (0, 1) (got {self.privacy.delta})")
-        if self.task is None and self.data.corpus is None:
-            raise ValueError("task (text_kind and labels) is required for your own data")
-        if self.method == "augpe" and len(self.generators) != 1:
-            raise ValueError("augpe uses exactly one PLM (as in the paper); run it once per PLM")
-        per_party_files = self.federated is not None and self.federated.partition in ("files", "nodes")
-        if self.data.private is None and self.data.corpus is None and not per_party_files:
-            raise ValueError("give data.private (your file), data.corpus (a public corpus), "
-                             "or federated.party_files")
-        if per_party_files and (self.data.private or self.data.corpus):
-            raise ValueError(f"with federated.partition '{self.federated.partition}' the parties' files are the "
-                             "private data: remove data.private / data.corpus")
-        if self.federated is not None:
-            if self.method == "fusegen":
-                raise ValueError("fusegen uses no private data; it has no federated mode")
-            if self.privacy.label_proportions == "dp":
-                raise ValueError("federated runs take public label proportions (uniform or {label: share})")
-        names = [g.display_name for g in self.generators]
-        if len(set(names)) != len(names):
-            raise ValueError(f"generator names must be unique, got {names}; set name: for each")
-        return self
-
-
-def records_per_unit(config: RunConfig) -> int:
-    """Records one unit of privacy may hold: sensitivities scale by this."""
-    fed = config.federated
-    if fed is not None and fed.unit == "party":
-        return fed.max_records_per_party
-    return config.privacy.max_records_per_user
-
-
-def plan_parties(config: RunConfig) -> tuple[int, int | None]:
-    """(parties, fewest parties whose noise shares must add up to the full sigma)."""
-    fed = config.federated
-    if fed is None:
-        return 1, None
-    # Without secure aggregation the server sees single parties: each must carry the full noise.
-    return fed.parties, (fed.threshold if fed.aggregation == "secagg+" else 1)
+from dpsynth.llm.registry import backend_names
+from dpsynth.methods.registry import method_class, method_names
 
 
 def load_config(path: Path) -> RunConfig:
@@ -218,17 +26,48 @@ def load_config(path: Path) -> RunConfig:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         raise DpsynthError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
+    if not isinstance(raw, dict):
+        raise DpsynthError(f"{path}: a run config is a YAML mapping of sections (data, generators, ...)")
     return parse_config(raw, str(path))
 
 
 def parse_config(raw: dict, where: str = "config") -> RunConfig:
     try:
-        return RunConfig.model_validate(raw)
+        config = RunConfig.model_validate(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise DpsynthError(f"{where}: {loc}: {first['msg']}") from err
+        raise DpsynthError(f"{where}: {_first_error(err)}") from err
+    names = method_names()
+    if config.method not in names:
+        raise DpsynthError(f"{where}: method: unknown method '{config.method}'; choose one of {', '.join(names)}")
+    extra = config.__pydantic_extra__ if config.__pydantic_extra__ is not None else {}
+    for key in list(extra):
+        if key not in names:
+            raise DpsynthError(f"{where}: {key}: unknown section (method sections are: {', '.join(names)})")
+    extra.setdefault(config.method, {})
+    for key in list(extra):
+        cls = method_class(key)
+        try:
+            extra[key] = cls.Options.model_validate(extra[key] or {})
+        except ValidationError as err:
+            raise DpsynthError(f"{where}: {key}.{_first_error(err)}") from err
+    known = backend_names()
+    for i, g in enumerate(config.generators):
+        if g.kind not in known:
+            raise DpsynthError(f"{where}: generators.{i}.kind: unknown backend '{g.kind}'; "
+                               f"choose one of {', '.join(known)}")
+    try:
+        method_class(config.method).check_config(config)
+    except ValueError as err:
+        raise DpsynthError(f"{where}: {err}") from err
+    return config
 
 
 def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"{loc}: {msg}"

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import numpy as np
+from pydantic import Field, PositiveInt
 
-from dpsynth.algorithms.common import (
+from dpsynth.config import Section, records_per_unit
+from dpsynth.methods.base import Method, MethodState, PaperFormula, StepContext
+from dpsynth.methods.generation import (
     GenerationPlan,
     SyntheticSample,
     generate_samples,
@@ -30,33 +32,36 @@ from dpsynth.algorithms.common import (
     request_seed,
     zero_shot_requests,
 )
-from dpsynth.privacy.plans import ReleasePlan, augpe_plan
+from dpsynth.methods.registry import register
+from dpsynth.privacy.calibrate import gaussian_sigma_closed_form
+from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
+from dpsynth.privacy.sensitivity import pe_top1_sensitivity
 from dpsynth.prompts.builder import PromptSettings, build_variation_request
-from dpsynth.runs.config import RunConfig, plan_parties, records_per_unit
 from dpsynth.voting.spec import VoteSpec
 
-if TYPE_CHECKING:
-    from dpsynth.runs.run import RunContext
+VOTE_SIGMA = "vote_sigma"
 
 
-@dataclass
-class AugPEState:
-    next_iteration: int = 0
-    population: list[SyntheticSample] = field(default_factory=list)
-    initial: list[SyntheticSample] = field(default_factory=list)
-    history: list[dict] = field(default_factory=list)
+class AugPEOptions(Section):
+    """The `augpe:` section: Aug-PE / Private Evolution with one PLM (Xie et al. 2024)."""
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    n: PositiveInt = Field(600, description="population size; the final population is the output")
+    iterations: int = Field(5, ge=2, description="T, including the initial random-API population")
+    votes: Literal["top1", "knn"] = "top1"
+    k: PositiveInt = Field(1, description="neighbours per private sample for knn votes (normalised to norm 1)")
+    threshold: float = Field(0.0, ge=0, description="noisy counts below this are set to zero")
+    selection: Literal["rank", "sample"] = "sample"
+    variation: Literal["paraphrase", "fill_blank", "mixed"] = "mixed"
+    fill_ratio: float = Field(0.3, gt=0, lt=1)
+    max_tokens: PositiveInt = 64
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_attempts: PositiveInt = 3
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "AugPEState":
-        return cls(
-            next_iteration=data["next_iteration"],
-            population=[SyntheticSample(**s) for s in data["population"]],
-            initial=[SyntheticSample(**s) for s in data["initial"]],
-            history=data["history"],
-        )
+
+class AugPEState(MethodState):
+    population: list[SyntheticSample] = []
+    initial: list[SyntheticSample] = []
 
 
 def vote_weights(kind: str, k: int) -> list[float]:
@@ -84,26 +89,31 @@ def select_parents(
     return out
 
 
-class AugPEMethod:
+@register
+class AugPE(Method[AugPEOptions, AugPEState]):
     name = "augpe"
+    Options = AugPEOptions
+    State = AugPEState
+    summary = "Aug-PE / Private Evolution with one PLM (Pre-Text when federated)"
+    one_generator_per_run = True
 
-    def iterations(self, config: RunConfig) -> int:
-        return config.augpe.iterations
+    def iterations(self) -> int:
+        return self.options.iterations
 
-    def release_plan(self, config: RunConfig) -> ReleasePlan:
-        parties, min_parties = plan_parties(config)
-        return augpe_plan(config.augpe.iterations, adjacency=config.privacy.adjacency,
-                          max_records_per_user=records_per_unit(config), parties=parties, min_parties=min_parties)
+    def schedule(self) -> Schedule:
+        """Votes on population t-1, cast in iterations 1..T-1 (iteration 0 is the random API)."""
+        sens = pe_top1_sensitivity(self.config.privacy.adjacency, max_records_per_user=records_per_unit(self.config))
+        p, t_max = self.config.privacy, self.options.iterations
+        guess = None if math.isinf(p.epsilon) else gaussian_sigma_closed_form(p.epsilon, p.delta, [sens] * (t_max - 1))
+        return Schedule(
+            releases=gaussian_releases(self.release("votes")[0], range(1, t_max), VOTE_SIGMA, sens),
+            knobs=(Knob(VOTE_SIGMA, guess=guess, description="Gaussian noise on each vote release (total)"),),
+            notes=("Top-1 (or L2-normalised k-NN) votes",),
+        )
 
-    def new_state(self, config: RunConfig) -> AugPEState:
-        return AugPEState()
-
-    def load_state(self, data: dict) -> AugPEState:
-        return AugPEState.from_dict(data)
-
-    def step(self, ctx: "RunContext", state: AugPEState, t: int) -> dict:
-        a, seed, task = ctx.config.augpe, ctx.config.seed, ctx.data.task
-        plm = ctx.config.generators[0].display_name
+    def step(self, ctx: StepContext, state: AugPEState, t: int) -> dict:
+        a, seed, task = self.options, self.config.seed, ctx.task
+        plm = self.config.generators[0].display_name
         settings = PromptSettings(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p)
         plans = plan_counts(a.n, {plm: 1.0}, ctx.label_shares)
         record: dict = {"iteration": t}
@@ -137,12 +147,14 @@ class AugPEMethod:
         record.update(generated=stats, population=len(new))
         return record
 
-    def _noisy_votes(self, ctx: "RunContext", state: AugPEState, t: int) -> np.ndarray:
-        a = ctx.config.augpe
+    def _noisy_votes(self, ctx: StepContext, state: AugPEState, t: int) -> np.ndarray:
+        a = self.options
         ctx.phase(f"iteration {t}: embed + vote + noise", 0)
         synth = ctx.embed_synthetic(state.population)
         spec = VoteSpec(kind="rank", weights=tuple(vote_weights(a.votes, a.k)))
-        noisy = ctx.noisy_votes(spec, synth, ctx.label_ids(state.population), t)
+        t0 = time.perf_counter()
+        noisy = ctx.holder.noisy_votes(spec, synth, ctx.label_ids(state.population), release=self.release("votes", t))
+        ctx.add_time("voting", t0)
         noisy[noisy < a.threshold] = 0.0
         ctx.phase(f"iteration {t}: embed + vote + noise", 1)
         return noisy
@@ -152,3 +164,10 @@ class AugPEMethod:
 
     def reference_sets(self, state: AugPEState) -> dict[str, list[SyntheticSample]]:
         return {"zero_shot": list(state.initial)}
+
+    def paper_formula(self, epsilon: float, delta: float) -> PaperFormula:
+        sens = pe_top1_sensitivity(self.config.privacy.adjacency, max_records_per_user=records_per_unit(self.config))
+        return PaperFormula(
+            description="Aug-PE/PE: sensitivity 1, exact Gaussian-DP composition (same as ours)", sensitivity=1.0,
+            knob=VOTE_SIGMA,
+            value=gaussian_sigma_closed_form(epsilon, delta, [sens] * (self.options.iterations - 1)))

@@ -1,5 +1,8 @@
 """The Flower app for parties on separate machines (Flower's Deployment Runtime).
 
+It sits above the run engine (its server side runs a whole dpsynth run), so it lives at the
+top of the package, beside the CLI, not inside `dpsynth.federated`.
+
     flower-superlink --insecure                                   # the server machine
     flower-supernode --insecure --superlink HOST:9092 \\
         --node-config 'data-path="/data/party.csv"'               # each party's machine
@@ -51,15 +54,16 @@ class _NodeShard:
 def _server_app():
     from flwr.server import ServerApp
 
+    from dpsynth.fs import RunDir
     from dpsynth.runs.config import load_config
-    from dpsynth.runs.run import Run
+    from dpsynth.runs.engine import Run
 
     app = ServerApp()
 
     @app.main()
     def main(grid, context) -> None:
         out = Path(str(context.run_config["out"]))
-        runner = (Run.resume(out) if (out / "checkpoints" / "state.json").exists()
+        runner = (Run.resume(out) if RunDir(out).is_started()
                   else Run.create(load_config(Path(str(context.run_config["config"]))), out))
         runner.serve(grid, context)
 

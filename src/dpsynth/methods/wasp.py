@@ -19,47 +19,58 @@ cast, because nothing would use them.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
+from pydantic import Field, PositiveInt
 
-from dpsynth.algorithms.common import (
+from dpsynth.config import Section, records_per_unit
+from dpsynth.data.records import TaskSpec
+from dpsynth.llm.base import GenerationRequest
+from dpsynth.methods.base import Method, MethodState, PaperFormula, StepContext
+from dpsynth.methods.generation import (
     GenerationPlan,
     SyntheticSample,
     generate_samples,
     plan_counts,
     request_seed,
 )
-from dpsynth.data.records import TaskSpec
-from dpsynth.llm.base import GenerationRequest
-from dpsynth.privacy.plans import ReleasePlan, wasp_plan
+from dpsynth.methods.registry import register
+from dpsynth.privacy.calibrate import gaussian_sigma_closed_form
+from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
+from dpsynth.privacy.sensitivity import wasp_topq_sensitivity
 from dpsynth.prompts.builder import PromptSettings, build_request
-from dpsynth.runs.config import RunConfig, plan_parties, records_per_unit
 from dpsynth.voting.spec import VoteSpec
 
-if TYPE_CHECKING:
-    from dpsynth.runs.run import RunContext
+VOTE_SIGMA = "vote_sigma"
 
 
-@dataclass
-class WaspState:
+class WaspOptions(Section):
+    """The `wasp:` section of a run config."""
+
+    n: PositiveInt = Field(6000, description="total synthetic samples over all iterations")
+    iterations: int = Field(5, ge=2, description="T, including zero-shot iteration 0")
+    q: PositiveInt = 8
+    s: int = Field(4, ge=1, description="in-context examples per prompt (and top-S selected per label)")
+    contrastive: bool = True
+    plm_weighting: bool = True
+    min_weight: float = Field(0.05, ge=0, lt=1, description="floor on every PLM's weight, so none starves")
+    samples_per_prompt: PositiveInt = Field(1, description="samples drawn per sampled prompt (prefix reuse)")
+    max_tokens: PositiveInt = 64
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_attempts: PositiveInt = 3
+
+
+class WaspState(MethodState):
     """Everything needed to continue a run; holds only synthetic text and noisy-vote selections."""
 
-    next_iteration: int = 0
-    samples: list[SyntheticSample] = field(default_factory=list)
-    weights: dict[str, float] = field(default_factory=dict)
-    good: dict[str, list[int]] = field(default_factory=dict)
-    bad: dict[str, list[int]] = field(default_factory=dict)
-    history: list[dict] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "WaspState":
-        return cls(**{**data, "samples": [SyntheticSample(**s) for s in data["samples"]]})
+    samples: list[SyntheticSample] = []
+    weights: dict[str, float] = {}
+    good: dict[str, list[int]] = {}
+    bad: dict[str, list[int]] = {}
 
 
 def iteration_size(n: int, iterations: int, t: int) -> int:
@@ -133,31 +144,46 @@ def build_requests(
     return out
 
 
-class WaspMethod:
+@register
+class Wasp(Method[WaspOptions, WaspState]):
     name = "wasp"
+    Options = WaspOptions
+    State = WaspState
+    summary = "weighted multi-PLM generation with Top-Q near/far votes and contrastive prompts (papers/000)"
 
-    def iterations(self, config: RunConfig) -> int:
-        return config.wasp.iterations
+    def iterations(self) -> int:
+        return self.options.iterations
 
-    def release_plan(self, config: RunConfig) -> ReleasePlan:
-        parties, min_parties = plan_parties(config)
-        return wasp_plan(config.wasp.iterations, config.wasp.q, adjacency=config.privacy.adjacency,
-                         max_records_per_user=records_per_unit(config), parties=parties, min_parties=min_parties)
+    def sensitivity(self) -> float:
+        return wasp_topq_sensitivity(self.options.q, self.config.privacy.adjacency,
+                                     max_records_per_user=records_per_unit(self.config))
 
-    def new_state(self, config: RunConfig) -> WaspState:
-        return WaspState(weights={g.display_name: 1.0 / len(config.generators) for g in config.generators})
+    def schedule(self) -> Schedule:
+        """Votes cast after generating in iterations 0..T-2 (the last iteration's would be unused)."""
+        sens, p = self.sensitivity(), self.config.privacy
+        releases = self.options.iterations - 1
+        guess = None if math.isinf(p.epsilon) else gaussian_sigma_closed_form(p.epsilon, p.delta, [sens] * releases)
+        kind = self.release("votes")[0]
+        return Schedule(
+            releases=gaussian_releases(kind, range(releases), VOTE_SIGMA, sens),
+            knobs=(Knob(VOTE_SIGMA, guess=guess, description="Gaussian noise on each vote release (total)"),),
+            notes=(f"Top-{self.options.q} nearest+furthest votes, weights 1..2^-{self.options.q - 1}",),
+        )
 
-    def load_state(self, data: dict) -> WaspState:
-        return WaspState.from_dict(data)
+    def min_private_records(self) -> tuple[int, str]:
+        return self.options.q, f"Q={self.options.q}; lower wasp.q"
 
-    def step(self, ctx: "RunContext", state: WaspState, t: int) -> dict:
-        w, cfg = ctx.config.wasp, ctx.config
+    def new_state(self) -> WaspState:
+        return WaspState(weights={g.display_name: 1.0 / len(self.config.generators) for g in self.config.generators})
+
+    def step(self, ctx: StepContext, state: WaspState, t: int) -> dict:
+        w, cfg = self.options, self.config
         settings = PromptSettings(max_tokens=w.max_tokens, temperature=w.temperature, top_p=w.top_p)
         t0 = time.perf_counter()
         plans = plan_counts(iteration_size(w.n, w.iterations, t), state.weights, ctx.label_shares)
 
         def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
-            return build_requests(plan, t=t, attempt=attempt, seed=cfg.seed, task=ctx.data.task, chat=chat,
+            return build_requests(plan, t=t, attempt=attempt, seed=cfg.seed, task=ctx.task, chat=chat,
                                   state=state, s=w.s, contrastive=w.contrastive,
                                   samples_per_prompt=w.samples_per_prompt, settings=settings)
 
@@ -172,7 +198,7 @@ class WaspMethod:
             ctx.phase(f"iteration {t}: embed + vote + noise", 0)
             near, far = self._noisy_votes(ctx, state, t)
             ctx.phase(f"iteration {t}: embed + vote + noise", 1)
-            labels = ctx.data.task.label_names
+            labels = ctx.task.label_names
             state.good = select_top(near, state.samples, labels, w.s)
             state.bad = select_top(far, state.samples, labels, w.s) if w.contrastive else {}
             if w.plm_weighting:
@@ -180,10 +206,12 @@ class WaspMethod:
             record["weights_next"] = dict(state.weights)
         return record
 
-    def _noisy_votes(self, ctx: "RunContext", state: WaspState, t: int) -> tuple[np.ndarray, np.ndarray]:
+    def _noisy_votes(self, ctx: StepContext, state: WaspState, t: int) -> tuple[np.ndarray, np.ndarray]:
         synth = ctx.embed_synthetic(state.samples)
-        spec = VoteSpec(kind="wasp", q=ctx.config.wasp.q)
-        noisy = ctx.noisy_votes(spec, synth, ctx.label_ids(state.samples), t + 1)
+        t0 = time.perf_counter()
+        noisy = ctx.holder.noisy_votes(VoteSpec(kind="wasp", q=self.options.q), synth,
+                                       ctx.label_ids(state.samples), release=self.release("votes", t))
+        ctx.add_time("voting", t0)
         n = len(state.samples)
         return noisy[:n], noisy[n:]
 
@@ -192,3 +220,15 @@ class WaspMethod:
 
     def reference_sets(self, state: WaspState) -> dict[str, list[SyntheticSample]]:
         return {"zero_shot": [x for x in state.samples if x.iteration == 0]}
+
+    def paper_formula(self, epsilon: float, delta: float) -> PaperFormula:
+        # Paper (Alg. 1/2 line 2): sigma = 4 sqrt(2 ln(1.25/delta_iter)) sqrt(T-1) / (eps sqrt(L)) per party,
+        # with delta_iter = delta as in the paper's experiments and Delta = 4 (times m at user level: 32 for m=8).
+        m = records_per_unit(self.config)
+        paper_sensitivity = 4.0 * m
+        sigma = paper_sensitivity * math.sqrt(2 * math.log(1.25 / delta)) * math.sqrt(self.iterations() - 1) / epsilon
+        return PaperFormula(
+            description=(f"WASP paper: Delta=4 per record (L1 bound; x{m} records per user), classical Gaussian "
+                         "formula sigma = Delta*sqrt(2 ln(1.25/delta_iter))*sqrt(T-1)/eps with delta_iter = delta"),
+            sensitivity=paper_sensitivity, knob=VOTE_SIGMA, value=sigma)
+

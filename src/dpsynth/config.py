@@ -1,0 +1,183 @@
+"""The run configuration shared by every method; each method's own section lives with the method.
+
+A run config is YAML: the shared sections below (data, task, generators, privacy, federated)
+plus one section per method, named after it (`wasp:`, `augpe:`, ...). Method sections are
+validated by the method's own options model when the config is parsed
+(`dpsynth.runs.config.parse_config`), so adding a method never touches this file. Every
+shared default lives here. This module imports no engine code: everything may import it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from dpsynth.embed.sentence import DEFAULT_EMBEDDER
+from dpsynth.privacy.accountant import Adjacency
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors (a typo never silently becomes a default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class GeneratorConfig(Section):
+    """One PLM. `model` is a known local name, a .gguf path, an API model name or a HF model id."""
+
+    kind: str = Field("llama_cpp", description="backend: llama_cpp, openai, transformers, or a registered plugin")
+    model: str
+    name: Optional[str] = None
+    chat: Optional[bool] = Field(None, description="instruct model (chat) or base model (completion); auto for GGUF")
+    base_url: Optional[str] = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
+    max_concurrency: PositiveInt = 4
+    max_retries: int = Field(5, ge=0, description="API retries with exponential backoff (timeouts, 429, 5xx)")
+    timeout: float = Field(120.0, gt=0, description="seconds per API request")
+    n_ctx: PositiveInt = 2048
+    price_per_prompt_token: Optional[float] = None
+    price_per_completion_token: Optional[float] = None
+
+    @property
+    def display_name(self) -> str:
+        return self.name or Path(self.model).stem
+
+
+class DataConfig(Section):
+    """Private data: the user's file, or a public corpus standing in for it (demo, benchmarks)."""
+
+    private: Optional[Path] = None
+    corpus: Optional[str] = None
+    text_column: str = "text"
+    label_column: str = "label"
+    m: Optional[PositiveInt] = Field(None, description="with corpus: private samples drawn from its train split")
+    test: Optional[Path] = Field(None, description="real labelled test file for evaluation (never used to generate)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataConfig":
+        if self.private is not None and self.corpus is not None:
+            raise ValueError("give one of data.private (your file) or data.corpus (a public corpus), not both")
+        if self.corpus is not None and self.m is None:
+            raise ValueError("data.m (number of private samples) is required with data.corpus")
+        return self
+
+
+class TaskConfig(Section):
+    text_kind: str = Field(..., description="short noun phrase for one text, e.g. 'customer support email'")
+    labels: dict[str, str] = Field(..., description="label -> what it means (used in prompts)")
+    description: str = Field("", description="one public sentence on what the texts look like")
+
+
+class PrivacyConfig(Section):
+    epsilon: float = 4.0
+    delta: float = 1e-5
+    adjacency: Adjacency = Adjacency.ADD_REMOVE
+    max_records_per_user: PositiveInt = 1
+    label_proportions: Union[Literal["uniform", "dp"], dict[str, float]] = Field(
+        "uniform", description="uniform, public proportions {label: share}, or 'dp' (noisy label counts, accounted)"
+    )
+    label_histogram_sigma: float = Field(10.0, gt=0, description="noise of the DP label histogram ('dp' only)")
+    noise_seed: Optional[int] = Field(None, description="reproducible noise for experiments: NOT FOR RELEASE")
+
+
+class FederatedConfig(Section):
+    """L data parties vote on their own shards; only the (securely aggregated) sum leaves them."""
+
+    parties: int = Field(..., ge=2, description="L, number of data parties")
+    partition: Literal["dirichlet", "iid", "files", "nodes"] = Field(
+        "dirichlet", description="how the private set is split in experiments; 'files': one file per party "
+        "(simulated on this machine); 'nodes': Flower SuperNodes on separate machines, each reading its own "
+        "file (node-config data-path) - the server never loads private data (docs/federated.md)")
+    alpha: float = Field(1.0, gt=0, description="Dirichlet concentration over labels (smaller = less IID)")
+    party_files: Optional[list[str]] = Field(None, description="partition 'files': one private file per party")
+    aggregation: Literal["secagg+", "plain"] = Field(
+        "secagg+", description="secagg+: the server sees only the sum (Flower SecAgg+), each party adds "
+        "sigma/sqrt(min_parties); plain: the server sees every party's vector, so each adds the full sigma")
+    min_parties: Optional[PositiveInt] = Field(
+        None, description="fewest parties a round may aggregate (SecAgg+ threshold); default: all parties")
+    max_records_per_party: PositiveInt = Field(
+        64, description="public bound on a party's records: sets the SecAgg+ clipping range, and the "
+        "sensitivity when unit is 'party'")
+    unit: Literal["record", "party"] = Field("record", description="unit of privacy: one record, or one party")
+    timeout: float = Field(300.0, gt=0, description="seconds to wait for the parties at each protocol stage")
+
+    @model_validator(mode="after")
+    def _checks(self) -> "FederatedConfig":
+        if self.min_parties is not None and self.min_parties > self.parties:
+            raise ValueError(f"federated.min_parties={self.min_parties} exceeds parties={self.parties}")
+        if self.partition == "files" and len(self.party_files or []) != self.parties:
+            raise ValueError("federated.partition 'files' needs party_files with one file per party")
+        return self
+
+    @property
+    def threshold(self) -> int:
+        return self.min_parties or self.parties
+
+
+class RunConfig(BaseModel):
+    """Shared sections plus method sections (extra keys, validated by the methods' options models)."""
+
+    model_config = ConfigDict(extra="allow")
+    method: str = "wasp"
+    data: DataConfig = DataConfig()
+    task: Optional[TaskConfig] = None
+    generators: list[GeneratorConfig] = Field(..., min_length=1)
+    privacy: PrivacyConfig = PrivacyConfig()
+    federated: Optional[FederatedConfig] = None
+    embedder: str = DEFAULT_EMBEDDER
+    seed: int = 0
+    evaluate: bool = True
+
+    @model_validator(mode="after")
+    def _checks(self) -> "RunConfig":
+        if self.privacy.epsilon <= 0:
+            raise ValueError(f"privacy.epsilon must be > 0 (got {self.privacy.epsilon})")
+        if not 0 < self.privacy.delta < 1:
+            raise ValueError(f"privacy.delta must be in (0, 1) (got {self.privacy.delta})")
+        if self.task is None and self.data.corpus is None:
+            raise ValueError("task (text_kind and labels) is required for your own data")
+        per_party_files = self.federated is not None and self.federated.partition in ("files", "nodes")
+        if self.data.private is None and self.data.corpus is None and not per_party_files:
+            raise ValueError("give data.private (your file), data.corpus (a public corpus), "
+                             "or federated.party_files")
+        if per_party_files and (self.data.private or self.data.corpus):
+            raise ValueError(f"with federated.partition '{self.federated.partition}' the parties' files are the "
+                             "private data: remove data.private / data.corpus")
+        if self.federated is not None and self.privacy.label_proportions == "dp":
+            raise ValueError("federated runs take public label proportions (uniform or {label: share})")
+        names = [g.display_name for g in self.generators]
+        if len(set(names)) != len(names):
+            raise ValueError(f"generator names must be unique, got {names}; set name: for each")
+        return self
+
+    @property
+    def sections(self) -> dict[str, Any]:
+        """Method sections by method name (validated options models once parsed)."""
+        return dict(self.model_extra or {})
+
+    def options(self, method: str | None = None) -> Any:
+        """The options of `method` (default: this run's method), as its options model."""
+        name = method or self.method
+        value = (self.model_extra or {}).get(name)
+        if value is None:
+            raise KeyError(f"config has no '{name}' section; parse it with dpsynth.runs.config.parse_config")
+        return value
+
+
+def records_per_unit(config: RunConfig) -> int:
+    """Records one unit of privacy may hold: sensitivities scale by this."""
+    fed = config.federated
+    if fed is not None and fed.unit == "party":
+        return fed.max_records_per_party
+    return config.privacy.max_records_per_user
+
+
+def noise_parties(config: RunConfig) -> tuple[int, int | None]:
+    """(parties, fewest parties whose noise shares must add up to the full sigma)."""
+    fed = config.federated
+    if fed is None:
+        return 1, None
+    # Without secure aggregation the server sees single parties: each must carry the full noise.
+    return fed.parties, (fed.threshold if fed.aggregation == "secagg+" else 1)

@@ -1,0 +1,25 @@
+"""Public inputs of a run: the task description and the real test set used only for evaluation."""
+
+from __future__ import annotations
+
+from dpsynth.config import RunConfig
+from dpsynth.data.corpora import get_corpus, split
+from dpsynth.data.loaders import load_labelled
+from dpsynth.data.records import LabelledTexts, TaskSpec
+
+
+def task_for(config: RunConfig) -> TaskSpec:
+    """The config's task, or the corpus' own description when the config gives none."""
+    if config.task is not None:
+        t = config.task
+        return TaskSpec(t.text_kind, t.labels, description=t.description)
+    assert config.data.corpus is not None  # the config validator requires one of the two
+    return get_corpus(config.data.corpus).task
+
+
+def load_test(config: RunConfig) -> LabelledTexts | None:
+    """The real test split: the corpus' fixed split, or the user's data.test file (never used to generate)."""
+    d = config.data
+    if d.corpus is not None:
+        return split(get_corpus(d.corpus).load(), seed=0).test
+    return load_labelled(d.test, d.text_column, d.label_column) if d.test else None

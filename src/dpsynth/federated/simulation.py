@@ -1,0 +1,59 @@
+"""Connect a run's federated holder to a federation: a Flower simulation, or a real deployment.
+
+In a simulation the experiment's private set is split into party shards on this machine and
+the run executes as the ServerApp; in a deployment (`partition: nodes`) the parties are
+SuperNodes on their own machines and the server never loads private data.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, TypeVar
+
+from dpsynth.config import RunConfig
+from dpsynth.embed.sentence import SentenceTransformerEmbedder
+from dpsynth.federated.flower_secagg import (
+    FederationSettings,
+    FlowerAggregator,
+    run_federation,
+)
+from dpsynth.federated.holder import FederatedHolder
+from dpsynth.federated.shards import party_shards
+from dpsynth.private.dataset import PrivateData
+
+T = TypeVar("T")
+
+
+def settings_for(config: RunConfig, holder: FederatedHolder, *, deployed: bool) -> FederationSettings:
+    fed = config.federated
+    assert fed is not None
+    return FederationSettings(
+        parties=fed.parties, min_parties=holder.min_parties, secure=fed.aggregation == "secagg+",
+        max_records=fed.max_records_per_party, timeout=fed.timeout,
+        # deployed parties always draw secure noise: a seed known to the server would let it remove the noise
+        noise_seed=None if deployed else config.privacy.noise_seed,
+        party_data={"text_column": config.data.text_column, "label_column": config.data.label_column,
+                    "labels": json.dumps(list(config.task.labels) if config.task else []),
+                    "embedder": config.embedder},
+    )
+
+
+def simulate(config: RunConfig, private: PrivateData, label_names: list[str], embedder: SentenceTransformerEmbedder,
+             holder: Any, program: Callable[[], T], on_embedded: Callable[[], None] | None = None) -> T:
+    """Run `program` (the run's iterations) as the ServerApp of a Flower simulation of the parties."""
+    assert isinstance(holder, FederatedHolder)
+    shards = party_shards(config, private, label_names, embedder)
+    if on_embedded is not None:
+        on_embedded()
+
+    def server_program(aggregator: FlowerAggregator) -> T:
+        holder.connect(aggregator)
+        return program()
+
+    return run_federation(shards, settings_for(config, holder, deployed=False), server_program)
+
+
+def connect_deployed(config: RunConfig, holder: Any, grid: Any, flower_context: Any) -> None:
+    """Attach a deployed federation (SuperLink + SuperNodes) to the run's holder."""
+    assert isinstance(holder, FederatedHolder)
+    holder.connect(FlowerAggregator(grid, flower_context, settings_for(config, holder, deployed=True)))

@@ -1,0 +1,99 @@
+"""Files and folders: atomic writes, the user cache, and the one place run-directory paths are spelled.
+
+Every artifact is written through `atomic_write_text` (temporary file, fsync, rename), so a
+crash never leaves half a file that a resume or a reader would trust. `RunDir` names every
+path inside a run directory; nothing else in the code joins run-directory paths by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where fetched assets and the request cache live: $DPSYNTH_CACHE or ~/.cache/dpsynth."""
+    return Path(os.environ.get("DPSYNTH_CACHE", Path.home() / ".cache" / "dpsynth"))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a file."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The layout of a run directory (see docs/architecture.md)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def state(self) -> Path:
+        """The latest checkpoint; its presence means the directory holds a started run."""
+        return self.checkpoints / "state.json"
+
+    def iteration_checkpoint(self, t: int) -> Path:
+        return self.checkpoints / f"iteration_{t}.json"
+
+    @property
+    def releases(self) -> Path:
+        """One file per DP release (event + noisy result), written the moment it is released."""
+        return self.checkpoints / "releases"
+
+    @property
+    def synthetic_embeddings(self) -> Path:
+        return self.root / "cache" / "embeddings.sqlite"
+
+    @property
+    def synthetic(self) -> Path:
+        return self.root / "synthetic.jsonl"
+
+    @property
+    def privacy(self) -> Path:
+        return self.root / "privacy.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+    @property
+    def evaluation(self) -> Path:
+        return self.root / "eval.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "run.log"
+
+    def is_started(self) -> bool:
+        return self.state.exists() or self.releases.is_dir() and any(self.releases.iterdir())
+
+    def is_finished(self) -> bool:
+        return self.metrics.exists()

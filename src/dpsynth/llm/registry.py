@@ -1,0 +1,83 @@
+"""Generator backends by `kind`: built-ins and plugins register a factory; runs build from config.
+
+A factory takes the generator's config entry and returns a `Generator`; each imports its
+heavy library lazily. Plugins (and tests, which register a fake model the same way as
+simonw/llm's tests register a mock model) call `register_backend`, or expose a function in
+the `dpsynth.backends` entry-point group that registers theirs.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Callable
+
+from dpsynth.config import GeneratorConfig
+from dpsynth.errors import DpsynthError
+from dpsynth.llm.base import Generator
+
+Factory = Callable[[GeneratorConfig], Generator]
+_BACKENDS: dict[str, Factory] = {}
+_plugins_loaded = False
+
+
+def register_backend(kind: str) -> Callable[[Factory], Factory]:
+    def add(factory: Factory) -> Factory:
+        _BACKENDS[kind] = factory
+        return factory
+
+    return add
+
+
+def unregister_backend(kind: str) -> None:
+    _BACKENDS.pop(kind, None)
+
+
+def backend_names() -> list[str]:
+    global _plugins_loaded
+    if not _plugins_loaded:
+        for ep in entry_points(group="dpsynth.backends"):
+            ep.load()
+        _plugins_loaded = True
+    return sorted(_BACKENDS)
+
+
+def build_generator(cfg: GeneratorConfig) -> Generator:
+    if cfg.kind not in backend_names():
+        raise DpsynthError(f"generator {cfg.display_name}: unknown backend '{cfg.kind}'; "
+                           f"choose one of {', '.join(backend_names())}")
+    return _BACKENDS[cfg.kind](cfg)
+
+
+@register_backend("llama_cpp")
+def _llama_cpp(cfg: GeneratorConfig) -> Generator:
+    from dpsynth.llm.llama_cpp_backend import LlamaCppGenerator
+    from dpsynth.llm.local_models import resolve_local_model
+
+    path, known_chat = resolve_local_model(cfg.model)
+    chat = cfg.chat if cfg.chat is not None else known_chat
+    return LlamaCppGenerator(path, name=cfg.display_name, chat=chat, n_ctx=cfg.n_ctx)
+
+
+@register_backend("openai")
+def _openai(cfg: GeneratorConfig) -> Generator:
+    from dpsynth.llm.openai_backend import OpenAICompatGenerator
+
+    return OpenAICompatGenerator(
+        cfg.model,
+        base_url=cfg.base_url,
+        api_key_env=cfg.api_key_env,
+        name=cfg.display_name,
+        chat=True if cfg.chat is None else cfg.chat,
+        max_concurrency=cfg.max_concurrency,
+        max_retries=cfg.max_retries,
+        timeout=cfg.timeout,
+    )
+
+
+@register_backend("transformers")
+def _transformers(cfg: GeneratorConfig) -> Generator:
+    from dpsynth.llm.local_models import LOCAL_MODELS, resolve_local_model
+    from dpsynth.llm.transformers_backend import TransformersGenerator
+
+    model = str(resolve_local_model(cfg.model)[0]) if cfg.model in LOCAL_MODELS else cfg.model
+    return TransformersGenerator(model, name=cfg.display_name, chat=cfg.chat)

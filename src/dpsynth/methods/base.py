@@ -1,0 +1,154 @@
+"""What a generation method is, and what one of its steps may use.
+
+A method is a class with a config section (`Options`, its own pydantic model), a state
+(`State`, saved in every checkpoint), the schedule of private releases it makes, and one
+`step` per iteration. It reaches private data only through `StepContext.holder`, the data
+holder, which charges the ledger, adds the noise and returns noisy results: the context
+carries no private record (a test walks it to check).
+
+    @register
+    class MyMethod(Method):
+        name = "mine"
+        Options = MyOptions
+        State = MyState
+        def iterations(self) -> int: ...
+        def schedule(self) -> Schedule: ...            # named releases on the run's ledger
+        def step(self, ctx, state, t) -> dict: ...     # ctx.holder.noisy_votes(..., release=self.release("votes", t))
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Generic, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from dpsynth.config import RunConfig, Section
+from dpsynth.data.records import TaskSpec
+from dpsynth.llm.cache import CachedGenerator
+from dpsynth.methods.generation import SyntheticSample
+from dpsynth.privacy.schedule import Schedule
+from dpsynth.private.holder import DataHolder
+
+Progress = Callable[[str, int, int], None]
+
+
+class MethodState(BaseModel):
+    """A method's progress: only synthetic text and results derived from noisy releases."""
+
+    model_config = ConfigDict(extra="forbid")
+    next_iteration: int = 0
+    history: list[dict] = []
+
+
+@dataclass(frozen=True)
+class PaperFormula:
+    """What a paper's own privacy analysis prescribes for the same setting, for one knob."""
+
+    description: str
+    sensitivity: float
+    knob: str
+    value: float | None = None  # the paper's noise for the run's target epsilon
+
+
+OptionsT = TypeVar("OptionsT", bound=Section)
+StateT = TypeVar("StateT", bound=MethodState)
+
+
+@dataclass
+class StepContext:
+    """Everything a step may use. Private data is reachable only through `holder`."""
+
+    config: RunConfig
+    task: TaskSpec
+    label_shares: dict[str, float]
+    generators: dict[str, CachedGenerator]
+    holder: DataHolder
+    embed: Callable[[list[str]], np.ndarray]  # synthetic texts only (cached on disk)
+    progress: Progress | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def add_time(self, key: str, since: float) -> None:
+        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - since
+
+    def phase(self, what: str, done: int) -> None:
+        if self.progress is not None:
+            self.progress(what, done, 1)
+
+    def generation_progress(self, t: int) -> Progress | None:
+        if self.progress is None:
+            return None
+        report = self.progress
+        return lambda plm, done, total: report(f"iteration {t}: {plm}", done, total)
+
+    def embed_synthetic(self, samples: list[SyntheticSample]) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self.embed([x.text for x in samples])
+        self.add_time("embedding", t0)
+        return out
+
+    def label_ids(self, samples: list[SyntheticSample]) -> np.ndarray:
+        labels = self.task.label_names
+        return np.array([labels.index(x.label) for x in samples], dtype=np.int64)
+
+
+class Method(ABC, Generic[OptionsT, StateT]):
+    """A generation method bound to one run's config."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type[Section]]
+    State: ClassVar[type[MethodState]]
+    uses_private_data: ClassVar[bool] = True
+    one_generator_per_run: ClassVar[bool] = False  # single-PLM methods: bench runs one cell per PLM
+    summary: ClassVar[str] = ""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.options: Any = config.options(self.name)
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        """Raise ValueError for settings this method cannot run (called when the config is parsed)."""
+        if config.federated is not None and not cls.uses_private_data:
+            raise ValueError(f"{cls.name} uses no private data; it has no federated mode")
+        if cls.one_generator_per_run and len(config.generators) != 1:
+            raise ValueError(f"{cls.name} uses exactly one PLM (as in its paper); run it once per PLM")
+
+    def release(self, what: str, t: int | None = None) -> tuple[str, int | None]:
+        """The key of one of this method's releases, e.g. ('wasp.votes', 2)."""
+        return f"{self.name}.{what}", t
+
+    @abstractmethod
+    def iterations(self) -> int: ...
+
+    def schedule(self) -> Schedule:
+        """The private releases this method makes over the whole run (none by default)."""
+        return Schedule((), ())
+
+    def min_private_records(self) -> tuple[int, str]:
+        """Fewest private records the method can work with, and what to change (checked by the holder)."""
+        return 1, "1"
+
+    def new_state(self) -> StateT:
+        return self.State()  # type: ignore[return-value]
+
+    def load_state(self, data: dict) -> StateT:
+        return self.State.model_validate(data)  # type: ignore[return-value]
+
+    @abstractmethod
+    def step(self, ctx: StepContext, state: StateT, t: int) -> dict:
+        """Run iteration t; return its record for metrics.json."""
+
+    @abstractmethod
+    def final_samples(self, state: StateT) -> list[SyntheticSample]: ...
+
+    def reference_sets(self, state: StateT) -> dict[str, list[SyntheticSample]]:
+        """Subsets evaluated next to the final set (e.g. the zero-shot samples)."""
+        return {}
+
+    def paper_formula(self, epsilon: float, delta: float) -> PaperFormula | None:
+        """The paper's own noise for this setting, if it prescribes one (reported next to ours)."""
+        return None

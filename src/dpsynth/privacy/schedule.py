@@ -1,0 +1,158 @@
+"""A run's privacy schedule: named releases, the noise knobs they use, and how knobs are calibrated.
+
+A release is one thing that leaves the data holder (a noisy vote vector, a noisy label
+histogram, a DP-SGD phase, ...). It names the knob whose value sets its noise and turns that
+value into a privacy event. Knobs are calibrated jointly on the ledger's accountant:
+
+- a *fixed* knob has a value the user chose (e.g. the DP label histogram's sigma);
+- a knob with a *share* is calibrated alone so that its releases spend `share * epsilon`
+  (a stated split of the budget, as the DPGA paper splits it between metadata and votes);
+- exactly one *free* knob takes whatever the rest leaves: it is calibrated on the whole
+  schedule so the run spends exactly epsilon.
+
+Methods ask the data holder for `("votes", t)`, never for a noise value; `dpsynth budget`
+and the run build the very same schedule (`dpsynth.runs.planning`), so what a user plans is
+what the run pays. A knob value of 0 means "no noise" and exists only in epsilon = inf
+(non-private reference) runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from dpsynth.errors import DpsynthError
+from dpsynth.privacy.accountant import Adjacency, epsilon_pld
+from dpsynth.privacy.calibrate import calibrate_noise
+from dpsynth.privacy.events import PrivacyEvent
+
+EventMaker = Callable[[str, float], PrivacyEvent]
+
+
+def release_name(kind: str, index: int | None = None) -> str:
+    """The ledger name of a release: 'wasp.votes[iteration=2]', 'labels.histogram'."""
+    return kind if index is None else f"{kind}[iteration={index}]"
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A noise parameter (sigma, Laplace scale, noise multiplier) shared by one or more releases."""
+
+    name: str
+    share: float | None = None  # calibrated alone for share * epsilon
+    value: float | None = None  # fixed by the user
+    guess: float | None = None  # a good starting point for the search (e.g. a closed form)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.share is not None and not 0 < self.share < 1:
+            raise DpsynthError(f"knob {self.name}: share must be in (0, 1), got {self.share}")
+        if self.share is not None and self.value is not None:
+            raise DpsynthError(f"knob {self.name}: give a share or a fixed value, not both")
+
+    @property
+    def free(self) -> bool:
+        return self.share is None and self.value is None
+
+
+@dataclass(frozen=True)
+class Release:
+    """One named release: the knob it uses and its privacy event at a knob value."""
+
+    kind: str
+    index: int | None
+    knob: str
+    make_event: EventMaker
+    sensitivity: float  # L2 (Gaussian) or L1 (Laplace); for the report
+
+    @property
+    def name(self) -> str:
+        return release_name(self.kind, self.index)
+
+    def event(self, value: float) -> PrivacyEvent:
+        return self.make_event(self.name, value)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Every release a run may make, and its knobs."""
+
+    releases: tuple[Release, ...]
+    knobs: tuple[Knob, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        names = [r.name for r in self.releases]
+        if len(set(names)) != len(names):
+            raise DpsynthError(f"release names must be unique, got {names}")
+        known = {k.name for k in self.knobs}
+        missing = {r.knob for r in self.releases} - known
+        if missing:
+            raise DpsynthError(f"releases use undeclared knobs {sorted(missing)}")
+        if sum(k.free for k in self.knobs) > 1:
+            raise DpsynthError("a schedule has at most one free knob; give the others a share or a value")
+
+    def __add__(self, other: "Schedule") -> "Schedule":
+        return Schedule(self.releases + other.releases, self.knobs + other.knobs, self.notes + other.notes)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.releases
+
+    def get(self, kind: str, index: int | None = None) -> Release:
+        name = release_name(kind, index)
+        for r in self.releases:
+            if r.name == name:
+                return r
+        raise KeyError(f"release '{name}' is not in the run's schedule ({', '.join(r.name for r in self.releases)})")
+
+    def knob(self, name: str) -> Knob:
+        return next(k for k in self.knobs if k.name == name)
+
+    def uses(self, knob: str) -> list[Release]:
+        return [r for r in self.releases if r.knob == knob]
+
+    def events(self, values: dict[str, float]) -> list[PrivacyEvent]:
+        """The events of every noised release at these knob values (un-noised ones have no event)."""
+        return [r.event(values[r.knob]) for r in self.releases if values[r.knob] > 0]
+
+    def epsilon(self, values: dict[str, float], delta: float, adjacency: Adjacency = Adjacency.ADD_REMOVE) -> float:
+        if any(values[r.knob] == 0 for r in self.releases):
+            return math.inf
+        return epsilon_pld(self.events(values), delta, adjacency)
+
+    def calibrate(self, epsilon: float, delta: float, adjacency: Adjacency = Adjacency.ADD_REMOVE) -> dict[str, float]:
+        """Knob values for (epsilon, delta): fixed as given, shares alone, then the free knob on the whole."""
+        values: dict[str, float] = {k.name: k.value for k in self.knobs if k.value is not None}
+        if math.isinf(epsilon):
+            return {k.name: values.get(k.name, 0.0) for k in self.knobs}
+        for k in self.knobs:
+            if k.share is not None:
+                values[k.name] = self._search(k, epsilon * k.share, delta, adjacency, fixed=[])
+        free = [k for k in self.knobs if k.free]
+        if free:
+            fixed = [r.event(values[r.knob]) for r in self.releases if r.knob != free[0].name]
+            values[free[0].name] = self._search(free[0], epsilon, delta, adjacency, fixed=fixed)
+        return values
+
+    def _search(self, knob: Knob, epsilon: float, delta: float, adjacency: Adjacency,
+                fixed: Sequence[PrivacyEvent]) -> float:
+        uses = self.uses(knob.name)
+        if not uses:
+            return 1.0  # declared but unused (e.g. no iteration casts votes): any value spends nothing
+        try:
+            return calibrate_noise(lambda x: [r.event(x) for r in uses], epsilon, delta, adjacency=adjacency,
+                                   fixed_events=fixed, guess=knob.guess or 1.0)
+        except ValueError as err:
+            raise DpsynthError(f"cannot calibrate {knob.name} for epsilon {epsilon:g}: {err}") from err
+
+
+def gaussian_releases(kind: str, indices: Sequence[int], knob: str, sensitivity: float) -> tuple[Release, ...]:
+    """Gaussian releases of a vector with L2 `sensitivity`, one per index, all on `knob` (sigma)."""
+    from dpsynth.privacy.events import GaussianEvent
+
+    def make(name: str, sigma: float) -> PrivacyEvent:
+        return GaussianEvent(name=name, sensitivity=sensitivity, sigma=sigma)
+
+    return tuple(Release(kind, t, knob, make, sensitivity) for t in indices)

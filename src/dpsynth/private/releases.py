@@ -1,0 +1,72 @@
+"""Release-time checkpoints: every noisy release is saved, with its event, before anything uses it.
+
+A release that was drawn and used (prompts built from it may already sit in the request
+cache or at an API) must never be drawn again with fresh noise: that would spend twice.
+So the holder writes `checkpoints/releases/<name>.json` (the ledger event and the noisy
+values, atomically) right after drawing and before returning; on resume the ledger is
+completed from these files and a repeated request returns the saved noisy values.
+Only noisy values are stored: they are DP releases, as safe as the selections made from them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from pydantic import TypeAdapter
+
+from dpsynth.errors import DpsynthError
+from dpsynth.fs import atomic_write_text
+from dpsynth.privacy.events import PrivacyEvent
+from dpsynth.privacy.ledger import PrivacyLedger
+
+_EVENT = TypeAdapter(PrivacyEvent)
+
+
+def _file_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name) + ".json"
+
+
+class ReleaseStore:
+    """Noisy releases of one run, one file each (in memory only when `root` is None)."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        self._saved: dict[str, tuple[PrivacyEvent | None, np.ndarray]] = {}
+        if root is not None and root.is_dir():
+            for path in sorted(root.glob("*.json")):
+                try:
+                    data = json.loads(path.read_text())
+                    event = None if data["event"] is None else _EVENT.validate_python(data["event"])
+                    self._saved[data["name"]] = (event, np.asarray(data["values"], dtype=np.float64))
+                except (ValueError, KeyError) as err:
+                    raise DpsynthError(f"{path}: damaged release checkpoint ({err}); the run cannot resume "
+                                       "safely (this release may have been used)") from err
+
+    def get(self, name: str) -> np.ndarray | None:
+        saved = self._saved.get(name)
+        return None if saved is None else saved[1].copy()
+
+    def save(self, name: str, event: PrivacyEvent | None, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=np.float64)
+        self._saved[name] = (event, values)
+        if self.root is not None:
+            payload = {"name": name, "event": None if event is None else _EVENT.dump_python(event, mode="json"),
+                       "values": values.tolist()}
+            atomic_write_text(self.root / _file_name(name), json.dumps(payload))
+
+    def restore_into(self, ledger: PrivacyLedger) -> list[str]:
+        """Add saved releases the ledger does not know yet (a crash after a release, before a checkpoint)."""
+        known = {e.name for e in ledger.events} | set(ledger.non_private_releases)
+        added = []
+        for name, (event, _) in self._saved.items():
+            if name in known:
+                continue
+            if event is None:
+                ledger.record_non_private(name)
+            else:
+                ledger.record(event)
+            added.append(name)
+        return added

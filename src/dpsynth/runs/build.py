@@ -1,0 +1,68 @@
+"""Build a run's parts from its config: generators, embedders, the ledger and the data holder.
+
+This is the only place that turns config entries into live objects, so the engine reads as
+the loop it is, and a test can build the same parts without running anything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpsynth.config import GeneratorConfig, RunConfig
+from dpsynth.data.records import TaskSpec
+from dpsynth.embed.sentence import SentenceTransformerEmbedder
+from dpsynth.errors import DpsynthError
+from dpsynth.fs import cache_dir
+from dpsynth.llm.base import Usage
+from dpsynth.llm.cache import CachedGenerator, RequestCache
+from dpsynth.llm.registry import build_generator
+from dpsynth.privacy.ledger import PrivacyLedger
+from dpsynth.privacy.mechanisms import NoiseSource
+from dpsynth.private.dataset import PrivateData
+from dpsynth.private.holder import CentralHolder, DataHolder, ReleasingHolder
+from dpsynth.private.releases import ReleaseStore
+from dpsynth.runs.planning import LABELS_RELEASE, PrivacyPlan
+
+
+def prices(g: GeneratorConfig) -> dict[str, float]:
+    out = {}
+    if g.price_per_prompt_token is not None:
+        out["prompt"] = g.price_per_prompt_token
+    if g.price_per_completion_token is not None:
+        out["completion"] = g.price_per_completion_token
+    return out
+
+
+def build_generators(config: RunConfig, usage: dict[str, Usage]) -> dict[str, CachedGenerator]:
+    """Every generator behind the persistent request cache, counting into `usage`."""
+    cache = RequestCache(cache_dir() / "requests.sqlite")
+    return {g.display_name: CachedGenerator(build_generator(g), cache, usage[g.display_name])
+            for g in config.generators}
+
+
+def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyLedger, store: ReleaseStore,
+                 private: PrivateData, task: TaskSpec, embedder: SentenceTransformerEmbedder) -> ReleasingHolder:
+    """The central holder, or for a `federated:` run the holder whose releases the parties compute."""
+    config = plan.config
+    common = dict(ledger=ledger, noise=NoiseSource(config.privacy.noise_seed), schedule=plan.schedule, knobs=knobs,
+                  store=store)
+    if config.federated is not None:
+        from dpsynth.federated.holder import FederatedHolder
+
+        return FederatedHolder(config.federated, plan.clip_delta, **common)
+    return CentralHolder(private.records, task.label_names, embedder, **common)
+
+
+def label_shares(config: RunConfig, task: TaskSpec, holder: DataHolder) -> dict[str, float]:
+    """Label proportions to generate: uniform, public ({label: share}), or a DP histogram (accounted)."""
+    p, labels = config.privacy, task.label_names
+    if p.label_proportions == "uniform":
+        return {c: 1.0 / len(labels) for c in labels}
+    if isinstance(p.label_proportions, dict):
+        if set(p.label_proportions) != set(labels) or any(v <= 0 for v in p.label_proportions.values()):
+            raise DpsynthError(f"privacy.label_proportions must give a positive share for each of {labels}")
+        total = sum(p.label_proportions.values())
+        return {c: p.label_proportions[c] / total for c in labels}
+    noisy = holder.noisy_label_counts(labels, release=(LABELS_RELEASE, None))
+    clipped = np.clip(noisy, 1.0, None)  # post-processing of the noisy counts
+    return {c: float(v / clipped.sum()) for c, v in zip(labels, clipped)}

@@ -1,0 +1,257 @@
+"""A run on disk, for any method: create or resume, iterate with checkpoints, write outputs.
+
+Layout of the run directory: `dpsynth.fs.RunDir`. After every iteration the checkpoint
+holds the method's state (synthetic samples, selections made from noisy releases), the
+ledger, the calibrated knobs and the plan's fingerprint; every release is also saved the
+moment it is drawn (`dpsynth.private.releases`), so a crash between a release and the next
+checkpoint never draws it again. Generation requests are cached outside the run, so a crash
+or Ctrl-C loses nothing paid for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from dpsynth.config import RunConfig
+from dpsynth.data.public import load_test, task_for
+from dpsynth.data.records import LabelledTexts, TaskSpec
+from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
+from dpsynth.errors import DpsynthError
+from dpsynth.fs import RunDir, atomic_write_text
+from dpsynth.llm.base import Usage
+from dpsynth.methods.base import MethodState, StepContext
+from dpsynth.privacy.ledger import PrivacyLedger
+from dpsynth.privacy.report import summary_lines
+from dpsynth.private.dataset import PrivateData, check_private, load_private
+from dpsynth.private.holder import ReleasingHolder
+from dpsynth.private.releases import ReleaseStore
+from dpsynth.runs import outputs
+from dpsynth.runs.build import build_generators, build_holder, label_shares, prices
+from dpsynth.runs.config import dump_config, load_config
+from dpsynth.runs.planning import PrivacyPlan, plan_privacy
+
+CHECKPOINT_FORMAT = 2
+log = logging.getLogger("dpsynth.run")
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class _Live:
+    """The parts of a started run."""
+
+    ctx: StepContext
+    state: MethodState
+    usage: dict[str, Usage]
+    knobs: dict[str, float]
+    ledger: PrivacyLedger
+    holder: ReleasingHolder
+    embedder: SentenceTransformerEmbedder
+    private: PrivateData
+    test: LabelledTexts | None
+
+
+class Run:
+    """Executes (or resumes) one run of `config.method` in `run_dir`."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, *, progress: Progress | None = None) -> None:
+        self.config = config
+        self.dir = RunDir(run_dir)
+        self.progress = progress
+        self.plan: PrivacyPlan = plan_privacy(config)
+        self.method = self.plan.method
+        self._wall_before = 0.0
+        self._start = time.perf_counter()
+
+    @classmethod
+    def create(cls, config: RunConfig, run_dir: Path, **kw: Any) -> "Run":
+        d = RunDir(run_dir)
+        if d.root.exists() and not d.root.is_dir():
+            raise DpsynthError(f"{d.root} is a file; give a directory for the run's outputs")
+        if d.is_started():
+            raise DpsynthError(f"{d.root} already holds a run; resume it with `dpsynth run --resume {d.root}`")
+        d.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(d.config, dump_config(config))
+        return cls(config, d.root, **kw)
+
+    @classmethod
+    def resume(cls, run_dir: Path, **kw: Any) -> "Run":
+        d = RunDir(run_dir)
+        if not d.config.is_file():
+            raise DpsynthError(f"{d.root}: no config.yaml; not a dpsynth run directory")
+        return cls(load_config(d.config), d.root, **kw)
+
+    # -- execution ----------------------------------------------------------------
+    def execute(self) -> dict:
+        """Run (or resume) to the end; a federated run starts a Flower simulation of its parties."""
+        fed = self.config.federated
+        if fed is not None and fed.partition == "nodes":
+            raise DpsynthError("federated.partition 'nodes' runs on a Flower deployment (SuperLink + one SuperNode "
+                               "per party): start it with `flwr run`, see docs/federated.md")
+        live = self._start_run()
+        if fed is None:
+            return self._iterate(live)
+        from dpsynth.federated.simulation import simulate
+
+        t0 = time.perf_counter()
+        return simulate(self.config, live.private, live.ctx.task.label_names, live.embedder, live.holder,
+                        lambda: self._iterate(live), on_embedded=lambda: live.ctx.add_time("embedding", t0))
+
+    def serve(self, grid: Any, flower_context: Any) -> dict:
+        """Run as the ServerApp of a deployed Flower federation (parties on their own machines)."""
+        from dpsynth.federated.simulation import connect_deployed
+
+        if self.config.federated is None:
+            raise DpsynthError("this run config has no federated: section")
+        live = self._start_run()
+        connect_deployed(self.config, live.holder, grid, flower_context)
+        return self._iterate(live)
+
+    def calibrate(self) -> dict[str, float]:
+        """Every knob of the run's schedule for its (epsilon, delta)."""
+        return self.plan.calibrate()
+
+    def _start_run(self) -> _Live:
+        cfg = self.config
+        self._start = time.perf_counter()
+        self._setup_logging()
+        task = task_for(cfg)
+        private = self._load_private(task)
+        saved = self._load_checkpoint()
+        if saved is None:
+            knobs = self.calibrate()
+            ledger = PrivacyLedger(cfg.privacy.epsilon, self.plan.accounting_delta, self.plan.assumptions())
+            state = self.method.new_state()
+            usage_saved: dict = {}
+            timings: dict[str, float] = {}
+            # The exact number of private records is itself an un-noised count: never logged.
+            log.info("start %s: knobs %s", cfg.method, knobs)
+        else:
+            knobs = saved["knobs"]
+            ledger = PrivacyLedger.from_dict(saved["ledger"])
+            state = self.method.load_state(saved["state"])
+            usage_saved, timings = saved["usage"], dict(saved["timings"])
+            self._wall_before = saved["wall_seconds"]
+        store = ReleaseStore(self.dir.releases)
+        restored = store.restore_into(ledger)
+        if saved is not None or restored:
+            log.info("resume at iteration %d with epsilon %.4f spent (%d release(s) restored from release files)",
+                     state.next_iteration, ledger.spent().epsilon, len(restored))
+        usage = {g.display_name: Usage(prices=prices(g)) for g in cfg.generators}
+        for name, u in usage_saved.items():
+            if name in usage:
+                usage[name] = Usage(**u)
+        t0 = time.perf_counter()
+        generators = build_generators(cfg, usage)  # fail on a bad model or key before loading anything else
+        embedder = SentenceTransformerEmbedder(cfg.embedder)
+        holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, private=private, task=task,
+                              embedder=embedder)
+        shares = saved["label_shares"] if saved is not None else label_shares(cfg, task, holder)
+        synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
+        ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators, holder=holder,
+                          embed=synth.encode, progress=self.progress, timings=timings)
+        ctx.add_time("load_models", t0)
+        return _Live(ctx, state, usage, knobs, ledger, holder, embedder, private, load_test(cfg))
+
+    def _load_private(self, task: TaskSpec) -> PrivateData:
+        if not self.method.uses_private_data and self.config.privacy.label_proportions != "dp":
+            return PrivateData(LabelledTexts([], []))
+        private = load_private(self.config)
+        check_private(self.config, private, task, min_records=self.method.min_private_records())
+        return private
+
+    def _iterate(self, live: _Live) -> dict:
+        for t in range(live.state.next_iteration, self.method.iterations()):
+            record = self.method.step(live.ctx, live.state, t)
+            if not self.plan.schedule.is_empty:
+                record["epsilon_spent"] = live.ledger.spent().epsilon
+            rounds = getattr(live.holder, "rounds", None)
+            if rounds:
+                record["federated_round"] = rounds.pop()
+            log.info("iteration %d: %s", t, {k: v["kept"] for k, v in record.get("generated", {}).items()})
+            live.state.history.append(record)
+            live.state.next_iteration = t + 1
+            self._save_checkpoint(live)
+        return self._finish(live)
+
+    def _setup_logging(self) -> None:
+        self.dir.root.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(self.dir.log, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.handlers[:] = [handler]
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+    def _wall(self) -> float:
+        """Wall time of the whole run, across interruptions."""
+        return self._wall_before + time.perf_counter() - self._start
+
+    # -- checkpoints --------------------------------------------------------------
+    def _save_checkpoint(self, live: _Live) -> None:
+        payload = {
+            "format": CHECKPOINT_FORMAT,
+            "plan": self.plan.fingerprint(),
+            "knobs": live.knobs,
+            "ledger": live.ledger.to_dict(),
+            "state": live.state.model_dump(mode="json"),
+            "label_shares": live.ctx.label_shares,
+            "usage": {k: asdict(u) for k, u in live.usage.items()},
+            "timings": live.ctx.timings,
+            "wall_seconds": self._wall(),
+        }
+        text = json.dumps(payload)
+        atomic_write_text(self.dir.iteration_checkpoint(live.state.next_iteration - 1), text)
+        atomic_write_text(self.dir.state, text)
+
+    def _load_checkpoint(self) -> dict | None:
+        path = self.dir.state
+        if not path.exists():
+            return None
+        try:
+            saved = json.loads(path.read_text())
+        except ValueError as err:
+            raise DpsynthError(f"{path}: damaged checkpoint ({err}); the run cannot be resumed") from err
+        if not isinstance(saved, dict) or saved.get("format") != CHECKPOINT_FORMAT:
+            raise DpsynthError(f"{self.dir.root}: checkpoint written by an older dpsynth (before format "
+                               f"{CHECKPOINT_FORMAT}); it cannot be resumed by this version: start a new run")
+        changed = _changed_fields(saved["plan"], self.plan.fingerprint())
+        if changed:
+            raise DpsynthError(f"{self.dir.config}: {changed} changed since the run started; the privacy schedule "
+                               "depends on it, so the run cannot resume with it (restore it or start a new run)")
+        return saved
+
+    # -- outputs ------------------------------------------------------------------
+    def _finish(self, live: _Live) -> dict:
+        cfg, ctx = self.config, live.ctx
+        samples = self.method.final_samples(live.state)
+        outputs.write_synthetic(self.dir, samples)
+        description = self.plan.describe(live.knobs)
+        report = outputs.write_privacy(self.dir, live.ledger, live.holder.noise.mode, description)
+        evaluation = None
+        if cfg.evaluate and live.test is not None:
+            ctx.phase("evaluation on the real test split", 0)
+            sets = {cfg.method: samples, **self.method.reference_sets(live.state)}
+            evaluation = outputs.evaluate_sets(ctx, live.embedder, live.test, sets, cfg.seed)
+            ctx.phase("evaluation on the real test split", 1)
+        federated = (outputs.federated_summary(cfg, description, live.state.history)
+                     if cfg.federated is not None else None)
+        metrics = outputs.write_metrics(self.dir, method=cfg.method, history=live.state.history, samples=samples,
+                                        usage=live.usage, timings=ctx.timings, wall=self._wall(),
+                                        evaluation=evaluation, federated=federated)
+        epsilon = report["epsilon"]
+        log.info("finished: %d samples, epsilon %s", len(samples), "inf" if epsilon is None else f"{epsilon:.4f}")
+        return {"privacy": report, "metrics": metrics, "summary": summary_lines(report)}
+
+
+def _changed_fields(before: dict, now: dict) -> str:
+    """Names of the privacy settings that differ between a checkpoint and the current config."""
+    names = {"epsilon": "privacy.epsilon", "delta": "privacy.delta", "adjacency": "privacy.adjacency",
+             "releases": "the schedule of releases (iterations, Q, unit of privacy, label proportions ...)",
+             "fixed": "a fixed noise setting (privacy.label_histogram_sigma)"}
+    diff = [names[k] for k in names if before.get(k) != now.get(k)]
+    return ", ".join(diff)
+

@@ -1,0 +1,80 @@
+"""What a finished run writes: synthetic.jsonl, privacy.json (checked before release), metrics.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+from dpsynth.data.records import LabelledTexts
+from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
+from dpsynth.evaluate.downstream import probe_scores
+from dpsynth.fs import RunDir, atomic_write_text, cache_dir
+from dpsynth.llm.base import Usage
+from dpsynth.methods.base import StepContext
+from dpsynth.methods.generation import SyntheticSample
+from dpsynth.privacy.ledger import PrivacyLedger
+from dpsynth.privacy.report import privacy_report, write_privacy_report
+
+
+def write_synthetic(run_dir: RunDir, samples: list[SyntheticSample]) -> None:
+    lines = [json.dumps({"text": x.text, "label": x.label, "plm": x.plm, "iteration": x.iteration})
+             for x in samples]
+    atomic_write_text(run_dir.synthetic, "".join(line + "\n" for line in lines))
+
+
+def write_privacy(run_dir: RunDir, ledger: PrivacyLedger, noise_mode: str, plan: dict | None) -> dict:
+    """The privacy report, written only if the ledger is within its budget (checked here, at release)."""
+    report = privacy_report(ledger, noise_mode=noise_mode, plan=plan)
+    if not report["within_budget"]:
+        raise AssertionError("ledger exceeds the budget at release: refusing to write outputs")
+    write_privacy_report(run_dir.privacy, report)
+    return report
+
+
+def evaluate_sets(ctx: StepContext, embedder: SentenceTransformerEmbedder, test: LabelledTexts,
+                  sets: dict[str, list[SyntheticSample]], seed: int) -> dict[str, Any]:
+    """Probe accuracy on the real test split for the final set and the method's reference sets."""
+    t0 = time.perf_counter()
+    test_emb = CachedEmbedder(embedder, cache_dir() / "embeddings-public.sqlite").encode(test.texts)
+    out: dict[str, Any] = {"classifier": "logistic regression on sentence embeddings"}
+    for name, subset in sets.items():
+        emb = ctx.embed_synthetic(subset)
+        out[name] = probe_scores(emb, [x.label for x in subset], test_emb, test.labels, seed=seed)
+    ctx.add_time("evaluation", t0)
+    return out
+
+
+def write_metrics(run_dir: RunDir, *, method: str, history: list[dict], samples: list[SyntheticSample],
+                  usage: dict[str, Usage], timings: dict[str, float], wall: float, evaluation: dict | None,
+                  federated: dict | None) -> dict:
+    metrics: dict[str, Any] = {
+        "method": method,
+        "iterations": history,
+        "samples_per_plm": {k: sum(1 for x in samples if x.plm == k) for k in usage},
+        "usage": {k: {**asdict(u), "cost": u.cost} for k, u in usage.items()},
+        "timings": {**timings, "wall": wall, "generator_calls": sum(u.generation_seconds for u in usage.values())},
+        "evaluation": evaluation,
+    }
+    if federated is not None:
+        metrics["federated"] = federated
+    atomic_write_text(run_dir.metrics, json.dumps(metrics, indent=2))
+    return metrics
+
+
+def federated_summary(config, plan_description: dict, history: list[dict]) -> dict:
+    """Communication per party per round (the WASP paper's Table 11, measured)."""
+    fed = config.federated
+    rounds = [h["federated_round"] for h in history if h.get("federated_round")]
+    votes = next((k for k in plan_description["knobs"] if k["releases"]), None)
+    return {
+        "parties": fed.parties, "aggregation": fed.aggregation, "partition": fed.partition,
+        "alpha": fed.alpha if fed.partition == "dirichlet" else None, "min_parties": plan_description["min_parties"],
+        "unit": fed.unit, "sigma_sum": votes["value"] if votes else None,
+        "sigma_per_party": (votes["party_value"] or 0.0) if votes else 0.0,
+        "rounds": rounds,
+        "download_bytes_per_party": sum(r["download_bytes_per_party"] for r in rounds),
+        "upload_bytes_per_party": sum(r["upload_bytes_per_party"] for r in rounds),
+        "aggregation_seconds": sum(r["seconds"] for r in rounds),
+    }

@@ -1,0 +1,174 @@
+"""A run's whole privacy plan from its config: what `dpsynth budget` prints is what the run pays.
+
+The plan is the method's schedule plus the run-level releases (the DP label histogram when
+label proportions are 'dp'), the delta reserved for SecAgg+ clipping, and the assumptions
+the guarantee rests on. `calibrate` finds every knob for the target (epsilon, delta) on the
+same accountant the ledger uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dpsynth.config import RunConfig, noise_parties, records_per_unit
+from dpsynth.federated.clipping import accounting_delta, clip_delta
+from dpsynth.methods.base import Method, PaperFormula
+from dpsynth.methods.registry import method_class
+from dpsynth.privacy.accountant import epsilon_rdp
+from dpsynth.privacy.events import GaussianEvent
+from dpsynth.privacy.ledger import Assumptions
+from dpsynth.privacy.schedule import Knob, Release, Schedule
+from dpsynth.privacy.sensitivity import histogram_sensitivity
+
+LABELS_RELEASE = "labels.histogram"
+LABEL_SIGMA = "label_sigma"
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    config: RunConfig
+    method: Method
+    schedule: Schedule
+
+    @property
+    def epsilon(self) -> float:
+        return self.config.privacy.epsilon
+
+    @property
+    def delta(self) -> float:
+        return self.config.privacy.delta
+
+    @property
+    def accounting_delta(self) -> float:
+        """The run's delta minus what SecAgg+ clipping may cost (federated runs only)."""
+        return accounting_delta(self.config.federated, self.delta)
+
+    @property
+    def clip_delta(self) -> float:
+        return clip_delta(self.config.federated, self.delta, self.epsilon)
+
+    def calibrate(self) -> dict[str, float]:
+        return self.schedule.calibrate(self.epsilon, self.accounting_delta, self.config.privacy.adjacency)
+
+    def epsilon_of(self, knobs: dict[str, float]) -> float:
+        return self.schedule.epsilon(knobs, self.accounting_delta, self.config.privacy.adjacency)
+
+    def epsilon_rdp_of(self, knobs: dict[str, float]) -> float | None:
+        return epsilon_rdp(self.schedule.events(knobs), self.accounting_delta, self.config.privacy.adjacency)
+
+    def paper(self) -> PaperFormula | None:
+        if math.isinf(self.epsilon):
+            return None
+        return self.method.paper_formula(self.epsilon, self.delta)
+
+    @property
+    def parties(self) -> tuple[int, int | None]:
+        return noise_parties(self.config)
+
+    def party_sigma(self, sigma: float) -> float:
+        """Each party's share of a release's noise: sized for the fewest parties that may survive a round."""
+        parties, fewest = self.parties
+        return sigma / math.sqrt(fewest or parties)
+
+    def describe(self, knobs: dict[str, float]) -> dict:
+        """The plan as the privacy report and `dpsynth budget` show it (no private value in it)."""
+        parties, fewest = self.parties
+        knob_rows = []
+        for k in self.schedule.knobs:
+            uses = self.schedule.uses(k.name)
+            knob_rows.append({
+                "name": k.name, "value": knobs[k.name], "description": k.description,
+                "how": "fixed" if k.value is not None else f"share {k.share:g} of epsilon" if k.share else "calibrated",
+                "releases": len(uses), "sensitivity": uses[0].sensitivity if uses else None,
+                "party_value": self.party_sigma(knobs[k.name]) if parties > 1 else None,
+            })
+        out: dict = {
+            "method": self.method.name,
+            "releases": [r.name for r in self.schedule.releases],
+            "knobs": knob_rows,
+            "notes": list(self.schedule.notes),
+            "parties": parties,
+            "min_parties": fewest,
+            "accounting_delta": self.accounting_delta,
+        }
+        paper = self.paper()
+        if paper is not None and paper.value is not None:
+            at_paper = {**knobs, paper.knob: paper.value}
+            out["paper_formula"] = {"description": paper.description, "sensitivity": paper.sensitivity,
+                                    "knob": paper.knob, "value": paper.value,
+                                    "epsilon_of_paper_value": self.epsilon_of(at_paper)}
+        return out
+
+    def fingerprint(self) -> dict:
+        """What the schedule depends on: a resumed run refuses a config that changes any of it."""
+        p = self.config.privacy
+        return {"epsilon": p.epsilon if math.isfinite(p.epsilon) else "inf", "delta": p.delta,
+                "adjacency": p.adjacency.value,
+                "releases": [[r.name, r.knob, r.sensitivity] for r in self.schedule.releases],
+                "fixed": {k.name: k.value for k in self.schedule.knobs if k.value is not None}}
+
+    def assumptions(self) -> Assumptions:
+        p, fed = self.config.privacy, self.config.federated
+        records = records_per_unit(self.config)
+        if fed is None:
+            unit = "record" if records == 1 else f"user (<= {records} records)"
+            return Assumptions(adjacency=p.adjacency, unit=unit)
+        unit = f"party (<= {records} records)" if fed.unit == "party" else "record"
+        if fed.aggregation == "secagg+":
+            trust = (f"{fed.parties} parties, Flower SecAgg+: the server sees only the sum of >= {fed.threshold} "
+                     f"parties' votes, each noised with sigma/sqrt({fed.threshold}); honest-but-curious server, "
+                     "parties follow the protocol and do not collude with it (colluders' noise shares can be "
+                     "subtracted); per-party clipping and stochastic rounding before masking (see federated metrics)")
+            convention = (f"run delta {p.delta:g} = {self.accounting_delta:g} (accountant) + (1 + e^eps) x "
+                          f"{self.clip_delta:.4g} (probability that SecAgg+ clips a noisy vote; clipping is "
+                          "per party, so it costs (1 + e^eps) times its probability)")
+            return Assumptions(adjacency=p.adjacency, unit=unit, trust_model=trust, delta_convention=convention)
+        trust = (f"{fed.parties} parties, no secure aggregation: the server sees every party's vector, so each "
+                 "party adds the full sigma (disjoint data: the composition is the same as central)")
+        return Assumptions(adjacency=p.adjacency, unit=unit, trust_model=trust)
+
+
+def plan_privacy(config: RunConfig) -> PrivacyPlan:
+    """The method's schedule plus the run's own releases, for this config."""
+    method = method_class(config.method)(config)
+    schedule = method.schedule()
+    p = config.privacy
+    if p.label_proportions == "dp":
+        sens = histogram_sensitivity(p.adjacency, max_records_per_user=p.max_records_per_user)
+
+        def event(name: str, sigma: float) -> GaussianEvent:
+            return GaussianEvent(name=name, sensitivity=sens, sigma=sigma)
+
+        schedule = Schedule(
+            releases=(Release(LABELS_RELEASE, None, LABEL_SIGMA, event, sens),),
+            knobs=(Knob(LABEL_SIGMA, value=p.label_histogram_sigma,
+                        description="Gaussian noise on the private label counts (privacy.label_histogram_sigma)"),),
+            notes=("DP label histogram (label proportions from noisy private counts)",),
+        ) + schedule
+    return PrivacyPlan(config, method, schedule)
+
+
+def plan_for_method(method: str, *, epsilon: float = math.inf, delta: float = 1e-5, options: dict | None = None,
+                    adjacency: str = "add_remove", max_records_per_user: int = 1,
+                    label_proportions: str | None = None, parties: int = 1,
+                    min_parties: int | None = None) -> PrivacyPlan:
+    """The plan of a run of `method` with these settings, without a data set (for `dpsynth budget`).
+
+    epsilon = inf plans the releases without calibrating them (give the noise instead).
+    """
+    from dpsynth.runs.config import parse_config
+
+    raw: dict = {
+        "method": method,
+        "data": {"corpus": "(planning: no data is read)", "m": 1},
+        "generators": [{"model": "(planning)"}],
+        method: dict(options or {}),
+        "privacy": {"epsilon": epsilon, "delta": delta, "adjacency": adjacency,
+                    "max_records_per_user": max_records_per_user,
+                    **({"label_proportions": label_proportions} if label_proportions else {})},
+    }
+    if parties > 1:
+        raw["federated"] = {"parties": parties, "min_parties": min_parties, "partition": "iid",
+                            "max_records_per_party": max(64, max_records_per_user)}
+    return plan_privacy(parse_config(raw, "budget"))

@@ -1,0 +1,17 @@
+"""Dependencies point one way (the import contract in pyproject.toml): a cycle or upward import fails."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_contract_holds() -> None:
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or "lint-imports"
+    done = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout

@@ -1,0 +1,172 @@
+"""The run engine on the fake backend (no GGUF files): every registered method end to end, what
+`dpsynth budget` plans equals what the run pays, release-time checkpoints, resume guards, and the
+data-holder boundary (a method's step cannot reach a private text)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from fakes import FakeGenerator
+from typer.testing import CliRunner
+
+from dpsynth.cli import _typer_app
+from dpsynth.errors import DpsynthError
+from dpsynth.methods.registry import method_class, method_names
+from dpsynth.runs.config import parse_config
+from dpsynth.runs.engine import Run
+
+PRIVATE = [(f"private review number {i} about a {'great' if i % 3 else 'poor'} film", "pos" if i % 3 else "neg")
+           for i in range(30)]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    FakeGenerator.calls = []
+    FakeGenerator.fail_after = None
+
+
+def _config(tmp_path: Path, method: str, **privacy) -> dict:
+    csv = tmp_path / "private.csv"
+    csv.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in PRIVATE))
+    generators = [{"kind": "fake", "model": "a"}] + ([] if method_class(method).one_generator_per_run
+                                                      else [{"kind": "fake", "model": "b"}])
+    return {
+        "method": method,
+        "data": {"private": str(csv)},
+        "task": {"text_kind": "review", "labels": {"pos": "a positive review", "neg": "a negative review"}},
+        "generators": generators,
+        method: {"n": 12, "iterations": 3} if method != "fusegen" else {"n": 12},
+        "privacy": {"epsilon": 2.0, "delta": 1e-3, "label_proportions": "dp", **privacy},
+        "evaluate": False,
+        "seed": 1,
+    }
+
+
+def _budget_epsilon(config_path: Path) -> float:
+    result = CliRunner().invoke(_typer_app, ["budget", "--config", str(config_path)])
+    assert result.exit_code == 0, result.output
+    found = re.search(r"epsilon spent: ([0-9.]+)", result.output)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_every_method_runs_and_pays_what_budget_plans(method: str, tmp_path: Path) -> None:
+    raw = _config(tmp_path, method)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(_typer_app, ["run", str(tmp_path / "run.yaml"), "-o", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "epsilon spent" in result.output
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    planned = _budget_epsilon(tmp_path / "run.yaml")
+    assert privacy["epsilon"] == pytest.approx(planned, abs=1e-4)
+    assert privacy["epsilon"] <= 2.0 * (1 + 1e-6)
+    names = [e["name"] for e in privacy["events"]]
+    assert names[0] == "labels.histogram" and len(names) == len(set(names))
+    assert (tmp_path / "run" / "synthetic.jsonl").read_text().count("\n") >= 6
+
+
+@pytest.mark.parametrize("crash_after,saved", [(2, 1), (15, 2)],
+                         ids=["after the label histogram", "after a vote release"])
+def test_a_crash_after_a_release_never_draws_it_again(crash_after: int, saved: int, tmp_path: Path) -> None:
+    """Secure noise, so drawing again would give other values; the saved release is reused instead."""
+    cfg = parse_config(_config(tmp_path, "augpe"))  # 12 requests per iteration; votes cast in iteration 1
+    FakeGenerator.fail_after = crash_after
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(cfg, tmp_path / "run").execute()
+    releases = tmp_path / "run" / "checkpoints" / "releases"
+    before = {p.name: json.loads(p.read_text())["values"] for p in releases.glob("*.json")}
+    assert len(before) == saved, "each release was saved the moment it was drawn"
+    FakeGenerator.fail_after = None
+    with pytest.raises(DpsynthError, match="already holds a run"):
+        Run.create(cfg, tmp_path / "run")
+    Run.resume(tmp_path / "run").execute()
+    after = {p.name: json.loads(p.read_text())["values"] for p in releases.glob("*.json")}
+    assert all(after[name] == values for name, values in before.items()), "no release was drawn twice"
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    names = [e["name"] for e in privacy["events"]]
+    assert names == ["labels.histogram", "augpe.votes[iteration=1]", "augpe.votes[iteration=2]"]
+    assert privacy["epsilon"] <= 2.0 * (1 + 1e-6)
+    asked = [(r.seed, r.prompt_text()) for r in FakeGenerator.calls]
+    assert len(asked) == len(set(asked)), "no generation was paid twice"
+
+
+def test_resume_refuses_a_changed_privacy_setting_and_old_checkpoints(tmp_path: Path) -> None:
+    cfg = parse_config(_config(tmp_path, "wasp"))
+    Run.create(cfg, tmp_path / "run").execute()
+    path = tmp_path / "run" / "config.yaml"
+    edited = yaml.safe_load(path.read_text())
+    edited["privacy"]["epsilon"] = 8.0
+    path.write_text(yaml.safe_dump(edited))
+    with pytest.raises(DpsynthError, match="privacy.epsilon changed since the run started"):
+        Run.resume(tmp_path / "run").execute()
+    edited["privacy"]["epsilon"] = 2.0
+    edited["wasp"]["iterations"] = 5
+    path.write_text(yaml.safe_dump(edited))
+    with pytest.raises(DpsynthError, match="schedule of releases"):
+        Run.resume(tmp_path / "run").execute()
+    state = tmp_path / "run" / "checkpoints" / "state.json"
+    state.write_text(json.dumps({"sigma": 3.0, "state": {}}))
+    with pytest.raises(DpsynthError, match="older dpsynth"):
+        Run.resume(tmp_path / "run").execute()
+    state.write_text("{trunc")
+    with pytest.raises(DpsynthError, match="damaged checkpoint"):
+        Run.resume(tmp_path / "run").execute()
+
+
+def _strings(obj: object, seen: set[int], depth: int = 0):
+    """Every string reachable from `obj` through public attributes, containers and dpsynth objects."""
+    if id(obj) in seen or depth > 8:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _strings(k, seen, depth + 1)
+            yield from _strings(v, seen, depth + 1)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            yield from _strings(v, seen, depth + 1)
+    elif isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            yield from _strings(obj.tolist(), seen, depth + 1)
+    elif hasattr(obj, "__self__") and callable(obj):  # a bound method: what it is bound to
+        yield from _strings(obj.__self__, seen, depth + 1)
+    elif type(obj).__module__.startswith("dpsynth") or dataclasses.is_dataclass(obj):
+        for name in dir(obj):
+            if name.startswith(("_", "model_")):
+                continue
+            try:
+                value = getattr(obj, name)
+            except Exception:  # properties that need state
+                continue
+            yield from _strings(value, seen, depth + 1)
+
+
+def test_a_methods_step_cannot_reach_a_private_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsynth.data.records import LabelledTexts
+    from dpsynth.private.dataset import PrivateData
+
+    texts = {t for t, _ in PRIVATE}
+    # the walk finds a private text wherever a public attribute exposes it (so the check can fail)
+    exposed = {"data": PrivateData(LabelledTexts([PRIVATE[0][0]], ["pos"]))}
+    assert texts & set(_strings(exposed, set()))
+
+    wasp = method_class("wasp")
+    original = wasp.step
+    reached: list[set[str]] = []
+
+    def step(self, ctx, state, t):
+        reached.append(texts & set(_strings(ctx, set())) | texts & set(_strings(self, set())))
+        return original(self, ctx, state, t)
+
+    monkeypatch.setattr(wasp, "step", step)
+    Run.create(parse_config(_config(tmp_path, "wasp")), tmp_path / "run").execute()
+    assert len(reached) == 3 and not any(reached)
