@@ -9,6 +9,7 @@ import pytest
 
 from dpsynth.runs.config import parse_config
 from dpsynth.runs.engine import Run
+from dpsynth.runs.planning import plan_privacy
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +35,11 @@ def _config(method: str, tmp_path: Path) -> dict:
 
 @pytest.mark.parametrize("method", ["wasp", "augpe"])
 def test_federated_run_with_secagg(method: str, tmp_path: Path) -> None:
-    out = Run.create(parse_config(_config(method, tmp_path)), tmp_path / "run").execute()
+    config = parse_config(_config(method, tmp_path))
+    out = Run.create(config, tmp_path / "run").execute()
     report = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    plan = plan_privacy(config)  # what `dpsynth budget --config` prints, with the SecAgg+ clipping reserve
+    assert report["epsilon"] == pytest.approx(plan.epsilon_of(plan.calibrate()), abs=1e-4)
     assert report["within_budget"] and report["epsilon"] <= 4.0 * (1 + 1e-6)
     assert "SecAgg+" in report["assumptions"]["trust_model"]
     assert report["delta"] < 1e-3 and "clips" in report["assumptions"]["delta_convention"]

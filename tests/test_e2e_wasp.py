@@ -100,8 +100,7 @@ def test_privacy_boundary_with_canaries(tmp_path: Path) -> None:
     # multiples of 1/2, noisy ones almost never are.
     state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
     pool = len(state["state"]["samples"])
-    assert set(state) == {"format", "plan", "knobs", "ledger", "state", "label_shares", "usage", "timings",
-                          "wall_seconds"}
+    assert set(state) == {"format", "ledger", "state", "label_shares", "usage", "timings", "wall_seconds"}
     releases = sorted((run_dir / "checkpoints" / "releases").glob("*.json"))
     assert [json.loads(p.read_text())["name"] for p in releases] == [e["name"] for e in
                                                                      json.loads((run_dir / "privacy.json").read_text())["events"]]

@@ -17,7 +17,8 @@ from dpsynth.private.holder import CentralHolder
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.runs.build import label_shares
 from dpsynth.runs.config import parse_config
-from dpsynth.runs.planning import LABELS_RELEASE, plan_privacy
+from dpsynth.methods.base import LABELS_RELEASE
+from dpsynth.runs.planning import plan_privacy
 from dpsynth.voting.spec import VoteSpec
 
 
@@ -53,7 +54,7 @@ def test_dp_label_histogram_is_accounted_and_leaves_less_for_votes(tmp_path: Pat
     assert knobs["label_sigma"] == 10.0
     ledger = PrivacyLedger(2.0, 1e-5)
     holder = _holder(dp_cfg, ledger, knobs)
-    shares = label_shares(dp_cfg, task_for(dp_cfg), holder)
+    shares = label_shares(dp_cfg, task_for(dp_cfg), holder, (LABELS_RELEASE, None))
     assert [e.name for e in ledger.events] == [LABELS_RELEASE]
     assert sum(shares.values()) == pytest.approx(1.0) and shares["ham"] > shares["spam"]
     # the whole schedule (histogram + T-1 votes at the calibrated sigma) fits the budget
@@ -67,11 +68,11 @@ def test_public_proportions_are_used_and_checked(tmp_path: Path) -> None:
     cfg = parse_config(_config(tmp_path, {"spam": 1, "ham": 3}))
     ledger = PrivacyLedger(2.0, 1e-5)
     holder = _holder(cfg, ledger, plan_privacy(cfg).calibrate())
-    assert label_shares(cfg, task_for(cfg), holder) == {"spam": 0.25, "ham": 0.75}
+    assert label_shares(cfg, task_for(cfg), holder, None) == {"spam": 0.25, "ham": 0.75}
     assert not ledger.events, "public proportions cost nothing"
     bad = parse_config(_config(tmp_path, {"spam": 1}))
     with pytest.raises(DpsynthError, match="positive share for each"):
-        label_shares(bad, task_for(bad), holder)
+        label_shares(bad, task_for(bad), holder, None)
 
 
 def test_infinite_epsilon_run_releases_votes_without_noise_and_says_not_dp(tmp_path: Path) -> None:

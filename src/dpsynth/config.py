@@ -75,8 +75,9 @@ class PrivacyConfig(Section):
     delta: float = 1e-5
     adjacency: Adjacency = Adjacency.ADD_REMOVE
     max_records_per_user: PositiveInt = 1
-    label_proportions: Union[Literal["uniform", "dp"], dict[str, float]] = Field(
-        "uniform", description="uniform, public proportions {label: share}, or 'dp' (noisy label counts, accounted)"
+    label_proportions: Optional[Union[Literal["uniform", "dp"], dict[str, float]]] = Field(
+        None, description="uniform, public proportions {label: share}, or 'dp' (noisy label counts, accounted); "
+        "unset: the method's default (uniform, except DPGA which releases its own DP label histogram)"
     )
     label_histogram_sigma: float = Field(10.0, gt=0, description="noise of the DP label histogram ('dp' only)")
     noise_seed: Optional[int] = Field(None, description="reproducible noise for experiments: NOT FOR RELEASE")

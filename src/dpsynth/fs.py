@@ -60,6 +60,11 @@ class RunDir:
         """The latest checkpoint; its presence means the directory holds a started run."""
         return self.checkpoints / "state.json"
 
+    @property
+    def plan(self) -> Path:
+        """The privacy plan's fingerprint and calibrated knobs, written before the first release."""
+        return self.checkpoints / "plan.json"
+
     def iteration_checkpoint(self, t: int) -> Path:
         return self.checkpoints / f"iteration_{t}.json"
 
@@ -93,7 +98,7 @@ class RunDir:
         return self.root / "run.log"
 
     def is_started(self) -> bool:
-        return self.state.exists() or self.releases.is_dir() and any(self.releases.iterdir())
+        return self.state.exists() or self.plan.exists()
 
     def is_finished(self) -> bool:
         return self.metrics.exists()

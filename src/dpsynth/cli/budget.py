@@ -82,8 +82,9 @@ def _print(plan: PrivacyPlan, vote_sigma: float | None) -> None:
     took = time.perf_counter() - start
     description = plan.describe(knobs)
     for k in description["knobs"]:
-        typer.echo(f"{k['name']}: {k['value']:.4f} on {k['releases']} release(s), L2 sensitivity "
-                   f"{k['sensitivity']:.5f} [{k['how']}] - {k['description']}")
+        sens = f", sensitivity {k['sensitivity']:.5f}" if k["sensitivity"] is not None else ""
+        typer.echo(f"{k['name']}: {k['value']:.4f} on {k['releases']} release(s){sens} [{k['how']}] - "
+                   f"{k['description']}")
     if vote_sigma is None:
         typer.echo(f"  (calibrated by bisection on the PLD accountant in {took:.2f}s)")
     paper = description.get("paper_formula")

@@ -91,3 +91,20 @@ class CachedEmbedder:
                 found[key] = vec.astype(np.float32)
             self._db.execute("COMMIT")
         return np.stack([found[k] for k in keys]) if keys else self.inner.encode([])
+
+
+class LazyEmbedder:
+    """Loads its sentence-transformers model on first use, so cheap checks run before a slow load."""
+
+    def __init__(self, model: str = DEFAULT_EMBEDDER) -> None:
+        self.name = model
+        self._inner: SentenceTransformerEmbedder | None = None
+
+    @property
+    def loaded(self) -> SentenceTransformerEmbedder:
+        if self._inner is None:
+            self._inner = SentenceTransformerEmbedder(self.name)
+        return self._inner
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.loaded.encode(texts)

@@ -65,7 +65,7 @@ class FederatedHolder(ReleasingHolder):
         n_out = spec.length(len(candidates))
         secure = self.config.aggregation == "secagg+"
         party_sigma = self.party_sigma(sigma)
-        rounds_in_run = len(self.schedule.uses(release.knob))
+        rounds_in_run = len(self.schedule.releases)  # the run's clipping reserve, split over every release
         # Without SecAgg+ nothing is clipped, so no clipping range is needed.
         clip = (clip_range(spec, self.config.max_records_per_party, party_sigma, self.config.parties, n_out,
                            self.clip_delta / rounds_in_run) if secure else 0.0)

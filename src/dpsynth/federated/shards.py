@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpsynth.config import RunConfig
-from dpsynth.embed.sentence import SentenceTransformerEmbedder
+from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
 from dpsynth.federated.partition import dirichlet_partition, iid_partition
 from dpsynth.federated.party import PartyShard
@@ -24,7 +24,7 @@ def party_indices(config: RunConfig, label_ids: np.ndarray, party_of: np.ndarray
 
 
 def party_shards(config: RunConfig, data: PrivateData, label_names: list[str],
-                 embedder: SentenceTransformerEmbedder) -> list[PartyShard]:
+                 embedder: Embedder) -> list[PartyShard]:
     """Shards with embeddings, in memory only. (On real separate machines each party embeds its own.)"""
     fed = config.federated
     assert fed is not None

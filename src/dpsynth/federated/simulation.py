@@ -11,7 +11,8 @@ import json
 from typing import Any, Callable, TypeVar
 
 from dpsynth.config import RunConfig
-from dpsynth.embed.sentence import SentenceTransformerEmbedder
+from dpsynth.data.records import TaskSpec
+from dpsynth.embed.sentence import Embedder
 from dpsynth.federated.flower_secagg import (
     FederationSettings,
     FlowerAggregator,
@@ -19,7 +20,7 @@ from dpsynth.federated.flower_secagg import (
 )
 from dpsynth.federated.holder import FederatedHolder
 from dpsynth.federated.shards import party_shards
-from dpsynth.private.dataset import PrivateData
+from dpsynth.private.dataset import check_private, load_private
 
 T = TypeVar("T")
 
@@ -38,11 +39,17 @@ def settings_for(config: RunConfig, holder: FederatedHolder, *, deployed: bool) 
     )
 
 
-def simulate(config: RunConfig, private: PrivateData, label_names: list[str], embedder: SentenceTransformerEmbedder,
-             holder: Any, program: Callable[[], T], on_embedded: Callable[[], None] | None = None) -> T:
-    """Run `program` (the run's iterations) as the ServerApp of a Flower simulation of the parties."""
+def simulate(config: RunConfig, task: TaskSpec, embedder: Embedder, holder: Any, program: Callable[[], T],
+             *, min_records: tuple[int, str], on_embedded: Callable[[], None] | None = None) -> T:
+    """Run `program` (the run's iterations) as the ServerApp of a Flower simulation of the parties.
+
+    The experiment's private set is loaded, checked and split into party shards here, on the party
+    side of the simulation; the run engine never holds it.
+    """
     assert isinstance(holder, FederatedHolder)
-    shards = party_shards(config, private, label_names, embedder)
+    private = load_private(config)
+    check_private(config, private, task, min_records=min_records)
+    shards = party_shards(config, private, task.label_names, embedder)
     if on_embedded is not None:
         on_embedded()
 

@@ -30,10 +30,13 @@ from dpsynth.config import RunConfig, Section
 from dpsynth.data.records import TaskSpec
 from dpsynth.llm.cache import CachedGenerator
 from dpsynth.methods.generation import SyntheticSample
-from dpsynth.privacy.schedule import Schedule
+from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
+from dpsynth.privacy.sensitivity import histogram_sensitivity
 from dpsynth.private.holder import DataHolder
 
 Progress = Callable[[str, int, int], None]
+LABELS_RELEASE = "labels.histogram"
+LABEL_SIGMA = "label_sigma"
 
 
 class MethodState(BaseModel):
@@ -127,6 +130,24 @@ class Method(ABC, Generic[OptionsT, StateT]):
     def schedule(self) -> Schedule:
         """The private releases this method makes over the whole run (none by default)."""
         return Schedule((), ())
+
+    def label_schedule(self) -> Schedule:
+        """The release of DP label proportions (`privacy.label_proportions: dp`): a Gaussian label histogram
+        at the user's fixed sigma, on the run's ledger. Methods with their own label release override this."""
+        p = self.config.privacy
+        if p.label_proportions != "dp":
+            return Schedule((), ())
+        sens = histogram_sensitivity(p.adjacency, max_records_per_user=p.max_records_per_user)
+        return Schedule(
+            releases=gaussian_releases(LABELS_RELEASE, [None], LABEL_SIGMA, sens),
+            knobs=(Knob(LABEL_SIGMA, value=p.label_histogram_sigma,
+                        description="Gaussian noise on the private label counts (privacy.label_histogram_sigma)"),),
+            notes=("DP label histogram (label proportions from noisy private counts)",),
+        )
+
+    def label_release(self) -> tuple[str, int | None] | None:
+        """The release the label proportions come from, if they are private (else uniform or public)."""
+        return (LABELS_RELEASE, None) if self.config.privacy.label_proportions == "dp" else None
 
     def min_private_records(self) -> tuple[int, str]:
         """Fewest private records the method can work with, and what to change (checked by the holder)."""

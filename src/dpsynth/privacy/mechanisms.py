@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from typing import Iterable
 
 import numpy as np
 
@@ -66,3 +67,17 @@ def laplace_release(
     ledger.record(LaplaceEvent(name=name, sensitivity=sensitivity, scale=scale))
     rng = noise.stream(name)
     return np.asarray(values, dtype=np.float64) + rng.laplace(0.0, scale, size=np.shape(values))
+
+
+def above_threshold(queries: Iterable[float], *, threshold: float, epsilon: float | None,
+                    rng: np.random.Generator, sensitivity: float = 1.0) -> int | None:
+    """Sparse vector's AboveThreshold (Dwork & Roth, Alg. 1): index of the first query whose noisy value
+    reaches the noisy threshold, or None. epsilon-DP for any number of queries with this sensitivity;
+    threshold noise Lap(2 Delta/eps), query noise Lap(4 Delta/eps). epsilon=None: no noise (NOT DP).
+    The caller records the event (a PureDpEvent of `epsilon`) before calling."""
+    noisy_threshold = threshold + (rng.laplace(0.0, 2 * sensitivity / epsilon) if epsilon else 0.0)
+    for i, value in enumerate(queries):
+        noise = rng.laplace(0.0, 4 * sensitivity / epsilon) if epsilon else 0.0
+        if value + noise >= noisy_threshold:
+            return i
+    return None

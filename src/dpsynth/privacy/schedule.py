@@ -6,7 +6,9 @@ value into a privacy event. Knobs are calibrated jointly on the ledger's account
 
 - a *fixed* knob has a value the user chose (e.g. the DP label histogram's sigma);
 - a knob with a *share* is calibrated alone so that its releases spend `share * epsilon`
-  (a stated split of the budget, as the DPGA paper splits it between metadata and votes);
+  (a stated split of the budget, as the DPGA paper splits it between metadata and votes):
+  pure-DP releases (Laplace, sparse vector) by their pure epsilons, which add up exactly as
+  the papers split them; others on the accountant at the run's delta;
 - exactly one *free* knob takes whatever the rest leaves: it is calibrated on the whole
   schedule so the run spends exactly epsilon.
 
@@ -107,6 +109,12 @@ class Schedule:
                 return r
         raise KeyError(f"release '{name}' is not in the run's schedule ({', '.join(r.name for r in self.releases)})")
 
+    def by_name(self, name: str) -> Release:
+        for r in self.releases:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
     def knob(self, name: str) -> Knob:
         return next(k for k in self.knobs if k.name == name)
 
@@ -134,6 +142,10 @@ class Schedule:
         if free:
             fixed = [r.event(values[r.knob]) for r in self.releases if r.knob != free[0].name]
             values[free[0].name] = self._search(free[0], epsilon, delta, adjacency, fixed=fixed)
+        total = self.epsilon(values, delta, adjacency)
+        if total > epsilon * (1 + 1e-6):
+            raise DpsynthError(f"the schedule's shares and fixed noise spend epsilon {total:.4f} > {epsilon:g}; "
+                               "lower the shares or raise the fixed noise")
         return values
 
     def _search(self, knob: Knob, epsilon: float, delta: float, adjacency: Adjacency,
@@ -141,6 +153,8 @@ class Schedule:
         uses = self.uses(knob.name)
         if not uses:
             return 1.0  # declared but unused (e.g. no iteration casts votes): any value spends nothing
+        if not fixed and all(pure_epsilon(r.event(1.0)) is not None for r in uses):
+            return _solve_pure([r.make_event for r in uses], [r.name for r in uses], epsilon)
         try:
             return calibrate_noise(lambda x: [r.event(x) for r in uses], epsilon, delta, adjacency=adjacency,
                                    fixed_events=fixed, guess=knob.guess or 1.0)
@@ -148,7 +162,8 @@ class Schedule:
             raise DpsynthError(f"cannot calibrate {knob.name} for epsilon {epsilon:g}: {err}") from err
 
 
-def gaussian_releases(kind: str, indices: Sequence[int], knob: str, sensitivity: float) -> tuple[Release, ...]:
+def gaussian_releases(kind: str, indices: Sequence[int | None], knob: str,
+                      sensitivity: float) -> tuple[Release, ...]:
     """Gaussian releases of a vector with L2 `sensitivity`, one per index, all on `knob` (sigma)."""
     from dpsynth.privacy.events import GaussianEvent
 
@@ -156,3 +171,35 @@ def gaussian_releases(kind: str, indices: Sequence[int], knob: str, sensitivity:
         return GaussianEvent(name=name, sensitivity=sensitivity, sigma=sigma)
 
     return tuple(Release(kind, t, knob, make, sensitivity) for t in indices)
+
+
+def pure_epsilon(event: PrivacyEvent) -> float | None:
+    """The pure epsilon of a Laplace or pure-DP event (None for events with a delta)."""
+    from dpsynth.privacy.events import LaplaceEvent, PureDpEvent
+
+    if isinstance(event, LaplaceEvent):
+        return event.count * event.sensitivity / event.scale
+    if isinstance(event, PureDpEvent):
+        return event.count * event.epsilon
+    return None
+
+
+def _solve_pure(makers: Sequence[EventMaker], names: Sequence[str], epsilon: float) -> float:
+    """The noise value whose pure-DP releases add up to `epsilon` (they are monotone in it)."""
+
+    def total(x: float) -> float:
+        return sum(pure_epsilon(make(name, x)) or 0.0 for make, name in zip(makers, names))
+
+    hi = 1.0
+    while total(hi) > epsilon:
+        hi *= 2
+    lo = hi
+    while total(lo) <= epsilon:
+        lo /= 2
+    while hi - lo > 1e-12 * hi:  # invariant: total(lo) > epsilon >= total(hi)
+        mid = (lo + hi) / 2
+        if total(mid) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi

@@ -61,8 +61,8 @@ def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_r
             f"{where}: label(s) {missing} have no private samples; remove them from task.labels or add data")
     m = len(private)
     if m < min_records[0]:
-        raise DpsynthError(f"{where}: M={m} private samples is smaller than {min_records[1]}")
+        raise DpsynthError(f"{where}: the number of private samples is smaller than {min_records[1]}")
     if config.privacy.delta >= 1.0 / m:
         raise DpsynthError(
-            f"privacy.delta={config.privacy.delta:g} is not < 1/M = {1 / m:.3g}; such a delta allows leaking "
-            "a whole record. Use e.g. 1e-5")
+            f"privacy.delta={config.privacy.delta:g} is not < 1/M for this private set (M records); such a delta "
+            "allows leaking a whole record. Use e.g. 1e-5")

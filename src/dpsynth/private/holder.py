@@ -12,16 +12,18 @@ the same interface by sending each request to the parties and receiving only the
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Protocol
 
 import numpy as np
 
-from dpsynth.data.records import LabelledTexts
+from dpsynth.config import RunConfig
+from dpsynth.data.records import LabelledTexts, TaskSpec
 from dpsynth.embed.sentence import Embedder
 from dpsynth.privacy.ledger import PrivacyLedger
-from dpsynth.privacy.mechanisms import NoiseSource
+from dpsynth.privacy.events import GaussianEvent, LaplaceEvent, PureDpEvent, SubsampledGaussianEvent
+from dpsynth.privacy.mechanisms import NoiseSource, above_threshold
 from dpsynth.privacy.schedule import Release, Schedule
+from dpsynth.private.dataset import check_private, load_private
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.voting.spec import VoteSpec, compute_votes
 
@@ -40,6 +42,39 @@ class DataHolder(Protocol):
         """Private record counts per label, noised for `release`."""
         ...
 
+    def noisy_length_histogram(self, edges: list[int], *, release: ReleaseKey) -> np.ndarray:
+        """Counts of private texts per length bin [edges[i], edges[i+1]) (ends clamped), noised."""
+        ...
+
+    def length_bound(self, which: str, cap: int, *, release: ReleaseKey) -> int:
+        """A DP estimate of the longest ('max') or shortest ('min') private text, by sparse vector."""
+        ...
+
+
+class HolderRequests:
+    """What a method's step gets: the holder's requests, and nothing else (no ledger, no store, no records).
+
+    Each request is a plain function forwarding to the holder, so no public or private attribute of
+    this object leads to the holder's state; only the noisy results come back.
+    """
+
+    __slots__ = ("noisy_votes", "noisy_label_counts", "noisy_length_histogram", "length_bound")
+
+    def __init__(self, holder: DataHolder) -> None:
+        for name in self.__slots__:
+            object.__setattr__(self, name, _forward(getattr(holder, name)))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("the data holder's requests cannot be replaced")
+
+
+def _forward(request: Callable) -> Callable:
+    def call(*args, **kwargs):
+        return request(*args, **kwargs)
+
+    call.__name__, call.__doc__ = request.__name__, request.__doc__
+    return call
+
 
 class ReleasingHolder:
     """The release path shared by every holder: schedule lookup, charge, compute+noise, save."""
@@ -51,34 +86,50 @@ class ReleasingHolder:
         self.schedule = schedule
         self.knobs = knobs
         self.store = store
-        self.timings: dict[str, float] = {}
 
     def _release(self, key: ReleaseKey, noisy: Callable[[Release, float], np.ndarray]) -> np.ndarray:
         release = self.schedule.get(*key)
-        saved = self.store.get(release.name)
-        if saved is not None:  # drawn before a crash: reuse, never draw again
-            return saved
         value = self.knobs[release.knob]
         event = release.event(value) if value > 0 else None
+        if release.name in self.store:  # released before a crash: never drawn or charged again
+            saved = self.store.get(release.name)
+            # an un-noised (epsilon = inf) release is not kept on disk: recomputing it costs nothing
+            return saved if saved is not None else noisy(release, value)
         if event is None:
             self.ledger.record_non_private(release.name)  # only an epsilon = inf ledger accepts this
         else:
             self.ledger.record(event)  # raises before anything is computed if over budget or repeated
-        t0 = time.perf_counter()
         out = noisy(release, value)
-        self.timings[release.kind] = self.timings.get(release.kind, 0.0) + time.perf_counter() - t0
         self.store.save(release.name, event, out)
-        return out
+        return out.copy()
 
-    def _gaussian(self, release: Release, sigma: float, clean: np.ndarray) -> np.ndarray:
+    def _noised(self, release: Release, value: float, clean: np.ndarray) -> np.ndarray:
+        """clean + the noise of the release's own event (Gaussian, Laplace), from the release's stream."""
         clean = np.asarray(clean, dtype=np.float64)
-        if sigma == 0.0:
+        if value == 0.0:
             return clean
-        return clean + self.noise.stream(release.name).normal(0.0, sigma, size=clean.shape)
+        event, rng = release.event(value), self.noise.stream(release.name)
+        if isinstance(event, LaplaceEvent):
+            return clean + rng.laplace(0.0, event.scale, size=clean.shape)
+        if isinstance(event, GaussianEvent):
+            return clean + rng.normal(0.0, event.sigma, size=clean.shape)
+        if isinstance(event, SubsampledGaussianEvent):  # the clean vector's sensitivity is 1 per record
+            return clean + rng.normal(0.0, event.noise_multiplier, size=clean.shape)
+        raise TypeError(f"release {release.name}: {type(event).__name__} is not an additive noise mechanism")
+
+    def _sample_mask(self, release: Release, rate: float, n: int) -> np.ndarray:
+        """Poisson subsample for a release: secret (drawn from the release's noise stream), never stored."""
+        if rate >= 1.0:
+            return np.ones(n, dtype=bool)
+        return self.noise.stream(f"{release.name}/subsample").random(n) < rate
 
 
 class CentralHolder(ReleasingHolder):
-    """One trusted data holder with every private record in memory (never written anywhere)."""
+    """One trusted data holder with every private record in memory (never written anywhere).
+
+    Build it with `open_central_holder`, which loads and checks the records; the embedder may load
+    lazily (its first use is the first vote).
+    """
 
     def __init__(self, private: LabelledTexts, label_names: list[str], embedder: Embedder, **kw) -> None:
         super().__init__(**kw)
@@ -95,15 +146,79 @@ class CentralHolder(ReleasingHolder):
 
     def noisy_votes(self, spec: VoteSpec, candidates: np.ndarray, candidate_labels: np.ndarray, *,
                     release: ReleaseKey) -> np.ndarray:
-        def draw(r: Release, sigma: float) -> np.ndarray:
-            # the clean vector never leaves this function
-            votes = compute_votes(spec, self._embeddings(), self.__labels, candidates, candidate_labels)
-            return self._gaussian(r, sigma, votes)
+        def draw(r: Release, value: float) -> np.ndarray:
+            # the clean vector (and the subsample) never leave this function
+            keep = self._sample_mask(r, spec.sampling_rate, len(self.__labels))
+            votes = compute_votes(spec, self._embeddings()[keep], self.__labels[keep], candidates, candidate_labels)
+            return self._noised(r, value, votes)
 
         return self._release(release, draw)
 
     def noisy_label_counts(self, labels: list[str], *, release: ReleaseKey) -> np.ndarray:
-        def draw(r: Release, sigma: float) -> np.ndarray:
-            return self._gaussian(r, sigma, np.bincount(self.__labels, minlength=len(labels)))
+        def draw(r: Release, value: float) -> np.ndarray:
+            return self._noised(r, value, np.bincount(self.__labels, minlength=len(labels)))
 
         return self._release(release, draw)
+
+    def noisy_length_histogram(self, edges: list[int], *, release: ReleaseKey) -> np.ndarray:
+        def draw(r: Release, value: float) -> np.ndarray:
+            return self._noised(r, value, length_histogram(self._lengths(), edges))
+
+        return self._release(release, draw)
+
+    def length_bound(self, which: str, cap: int, *, release: ReleaseKey) -> int:
+        def draw(r: Release, value: float) -> np.ndarray:
+            event = r.event(value) if value > 0 else None
+            epsilon = event.epsilon if isinstance(event, PureDpEvent) else None
+            return np.array([svt_length_bound(self._lengths(), which, cap, epsilon, self.noise.stream(r.name))])
+
+        return int(self._release(release, draw)[0])
+
+    def _lengths(self) -> np.ndarray:
+        return np.array([text_length(t) for t in self.__private.texts], dtype=np.int64)
+
+
+def text_length(text: str) -> int:
+    """Length of a text in whitespace-separated words (the unit DPGA's length metadata and prompts use)."""
+    return len(text.split())
+
+
+def length_histogram(lengths: np.ndarray, edges: list[int]) -> np.ndarray:
+    """Counts per bin [edges[i], edges[i+1]); lengths outside the range count in the end bins.
+
+    Every record adds exactly 1 to one bin, so the L1 (and L2) sensitivity is 1 under add/remove.
+    """
+    bins = len(edges) - 1
+    idx = np.searchsorted(np.asarray(edges[1:-1]), lengths, side="right")
+    return np.bincount(np.clip(idx, 0, bins - 1), minlength=bins).astype(np.float64)
+
+
+def svt_length_bound(lengths: np.ndarray, which: str, cap: int, epsilon: float | None,
+                     rng: np.random.Generator) -> int:
+    """AboveThreshold (papers/003 App. B.2) over the query stream of counts beyond a candidate bound.
+
+    'max': candidates i = 0, 1, ..., cap; query -#(length > i) with threshold 0 halts at the first i
+    that (noisily) no text exceeds. 'min': candidates i = cap, cap-1, ..., 0; query -#(length < i).
+    Each query has sensitivity 1; with epsilon=None (epsilon = inf runs) the exact answer.
+    """
+    candidates = range(cap + 1) if which == "max" else range(cap, -1, -1)
+
+    def query(i: int) -> float:
+        return -float(np.sum(lengths > i) if which == "max" else np.sum(lengths < i))
+
+    found = above_threshold((query(i) for i in candidates), threshold=0.0, epsilon=epsilon, rng=rng)
+    if found is None:
+        return cap if which == "max" else 0
+    return list(candidates)[found]
+
+
+def open_central_holder(config: RunConfig, task: TaskSpec, *, min_records: tuple[int, str], load: bool,
+                        embedder: Embedder, **kw) -> CentralHolder:
+    """Load and check the private records (before any budget is spent) and hold them; `load=False`
+    for runs that never touch private data (no record is read)."""
+    records = LabelledTexts([], [])
+    if load:
+        data = load_private(config)
+        check_private(config, data, task, min_records=min_records)
+        records = data.records
+    return CentralHolder(records, task.label_names, embedder, **kw)

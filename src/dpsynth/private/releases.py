@@ -6,6 +6,9 @@ So the holder writes `checkpoints/releases/<name>.json` (the ledger event and th
 values, atomically) right after drawing and before returning; on resume the ledger is
 completed from these files and a repeated request returns the saved noisy values.
 Only noisy values are stored: they are DP releases, as safe as the selections made from them.
+An un-noised release (epsilon = inf reference runs) is recorded by name only; its values are
+recomputed on resume (that costs nothing: the run is not private anyway), so clean values of
+private records are never written.
 """
 
 from __future__ import annotations
@@ -34,27 +37,35 @@ class ReleaseStore:
 
     def __init__(self, root: Path | None) -> None:
         self.root = root
-        self._saved: dict[str, tuple[PrivacyEvent | None, np.ndarray]] = {}
+        self._saved: dict[str, tuple[PrivacyEvent | None, np.ndarray | None]] = {}
         if root is not None and root.is_dir():
             for path in sorted(root.glob("*.json")):
                 try:
                     data = json.loads(path.read_text())
                     event = None if data["event"] is None else _EVENT.validate_python(data["event"])
-                    self._saved[data["name"]] = (event, np.asarray(data["values"], dtype=np.float64))
+                    values = None if data["values"] is None else np.asarray(data["values"], dtype=np.float64)
+                    self._saved[data["name"]] = (event, values)
                 except (ValueError, KeyError) as err:
                     raise DpsynthError(f"{path}: damaged release checkpoint ({err}); the run cannot resume "
                                        "safely (this release may have been used)") from err
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._saved
+
     def get(self, name: str) -> np.ndarray | None:
+        """The saved noisy values (a copy), or None if not saved or un-noised."""
         saved = self._saved.get(name)
-        return None if saved is None else saved[1].copy()
+        return None if saved is None or saved[1] is None else saved[1].copy()
+
+    def events(self) -> dict[str, PrivacyEvent | None]:
+        return {name: event for name, (event, _) in self._saved.items()}
 
     def save(self, name: str, event: PrivacyEvent | None, values: np.ndarray) -> None:
-        values = np.asarray(values, dtype=np.float64)
-        self._saved[name] = (event, values)
+        kept = None if event is None else np.asarray(values, dtype=np.float64).copy()
+        self._saved[name] = (event, kept)
         if self.root is not None:
             payload = {"name": name, "event": None if event is None else _EVENT.dump_python(event, mode="json"),
-                       "values": values.tolist()}
+                       "values": None if kept is None else kept.tolist()}
             atomic_write_text(self.root / _file_name(name), json.dumps(payload))
 
     def restore_into(self, ledger: PrivacyLedger) -> list[str]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from dpsynth.config import GeneratorConfig, RunConfig
 from dpsynth.data.records import TaskSpec
-from dpsynth.embed.sentence import SentenceTransformerEmbedder
+from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import cache_dir
 from dpsynth.llm.base import Usage
@@ -18,10 +18,9 @@ from dpsynth.llm.cache import CachedGenerator, RequestCache
 from dpsynth.llm.registry import build_generator
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource
-from dpsynth.private.dataset import PrivateData
-from dpsynth.private.holder import CentralHolder, DataHolder, ReleasingHolder
+from dpsynth.private.holder import DataHolder, ReleasingHolder, open_central_holder
 from dpsynth.private.releases import ReleaseStore
-from dpsynth.runs.planning import LABELS_RELEASE, PrivacyPlan
+from dpsynth.runs.planning import PrivacyPlan
 
 
 def prices(g: GeneratorConfig) -> dict[str, float]:
@@ -41,28 +40,32 @@ def build_generators(config: RunConfig, usage: dict[str, Usage]) -> dict[str, Ca
 
 
 def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyLedger, store: ReleaseStore,
-                 private: PrivateData, task: TaskSpec, embedder: SentenceTransformerEmbedder) -> ReleasingHolder:
-    """The central holder, or for a `federated:` run the holder whose releases the parties compute."""
-    config = plan.config
+                 task: TaskSpec, embedder: Embedder) -> ReleasingHolder:
+    """The central holder (it loads and checks the private records), or for a `federated:` run the holder
+    whose releases the parties compute (in a simulation they load their shards when it starts)."""
+    config, method = plan.config, plan.method
     common = dict(ledger=ledger, noise=NoiseSource(config.privacy.noise_seed), schedule=plan.schedule, knobs=knobs,
                   store=store)
     if config.federated is not None:
         from dpsynth.federated.holder import FederatedHolder
 
         return FederatedHolder(config.federated, plan.clip_delta, **common)
-    return CentralHolder(private.records, task.label_names, embedder, **common)
+    reads = method.uses_private_data or method.label_release() is not None
+    return open_central_holder(config, task, min_records=method.min_private_records(), load=reads,
+                               embedder=embedder, **common)
 
 
-def label_shares(config: RunConfig, task: TaskSpec, holder: DataHolder) -> dict[str, float]:
-    """Label proportions to generate: uniform, public ({label: share}), or a DP histogram (accounted)."""
+def label_shares(config: RunConfig, task: TaskSpec, holder: DataHolder,
+                 release: tuple[str, int | None] | None) -> dict[str, float]:
+    """Label proportions to generate: public ({label: share}), a DP histogram (`release`), or uniform."""
     p, labels = config.privacy, task.label_names
-    if p.label_proportions == "uniform":
-        return {c: 1.0 / len(labels) for c in labels}
     if isinstance(p.label_proportions, dict):
         if set(p.label_proportions) != set(labels) or any(v <= 0 for v in p.label_proportions.values()):
             raise DpsynthError(f"privacy.label_proportions must give a positive share for each of {labels}")
         total = sum(p.label_proportions.values())
         return {c: p.label_proportions[c] / total for c in labels}
-    noisy = holder.noisy_label_counts(labels, release=(LABELS_RELEASE, None))
+    if release is None:
+        return {c: 1.0 / len(labels) for c in labels}
+    noisy = holder.noisy_label_counts(labels, release=release)
     clipped = np.clip(noisy, 1.0, None)  # post-processing of the noisy counts
     return {c: float(v / clipped.sum()) for c, v in zip(labels, clipped)}

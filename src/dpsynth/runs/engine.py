@@ -19,16 +19,15 @@ from typing import Any, Callable
 
 from dpsynth.config import RunConfig
 from dpsynth.data.public import load_test, task_for
-from dpsynth.data.records import LabelledTexts, TaskSpec
-from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
+from dpsynth.data.records import LabelledTexts
+from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text
 from dpsynth.llm.base import Usage
 from dpsynth.methods.base import MethodState, StepContext
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import summary_lines
-from dpsynth.private.dataset import PrivateData, check_private, load_private
-from dpsynth.private.holder import ReleasingHolder
+from dpsynth.private.holder import HolderRequests, ReleasingHolder
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.runs import outputs
 from dpsynth.runs.build import build_generators, build_holder, label_shares, prices
@@ -50,8 +49,7 @@ class _Live:
     knobs: dict[str, float]
     ledger: PrivacyLedger
     holder: ReleasingHolder
-    embedder: SentenceTransformerEmbedder
-    private: PrivateData
+    embedder: Embedder
     test: LabelledTexts | None
 
 
@@ -98,8 +96,9 @@ class Run:
         from dpsynth.federated.simulation import simulate
 
         t0 = time.perf_counter()
-        return simulate(self.config, live.private, live.ctx.task.label_names, live.embedder, live.holder,
-                        lambda: self._iterate(live), on_embedded=lambda: live.ctx.add_time("embedding", t0))
+        return simulate(self.config, live.ctx.task, live.embedder, live.holder, lambda: self._iterate(live),
+                        min_records=self.method.min_private_records(),
+                        on_embedded=lambda: live.ctx.add_time("embedding", t0))
 
     def serve(self, grid: Any, flower_context: Any) -> dict:
         """Run as the ServerApp of a deployed Flower federation (parties on their own machines)."""
@@ -120,10 +119,9 @@ class Run:
         self._start = time.perf_counter()
         self._setup_logging()
         task = task_for(cfg)
-        private = self._load_private(task)
+        knobs = self._knobs()  # checks (or fixes) the privacy plan before anything is released
         saved = self._load_checkpoint()
         if saved is None:
-            knobs = self.calibrate()
             ledger = PrivacyLedger(cfg.privacy.epsilon, self.plan.accounting_delta, self.plan.assumptions())
             state = self.method.new_state()
             usage_saved: dict = {}
@@ -131,12 +129,12 @@ class Run:
             # The exact number of private records is itself an un-noised count: never logged.
             log.info("start %s: knobs %s", cfg.method, knobs)
         else:
-            knobs = saved["knobs"]
             ledger = PrivacyLedger.from_dict(saved["ledger"])
             state = self.method.load_state(saved["state"])
             usage_saved, timings = saved["usage"], dict(saved["timings"])
             self._wall_before = saved["wall_seconds"]
         store = ReleaseStore(self.dir.releases)
+        self._check_saved_releases(store, knobs)
         restored = store.restore_into(ledger)
         if saved is not None or restored:
             log.info("resume at iteration %d with epsilon %.4f spent (%d release(s) restored from release files)",
@@ -146,23 +144,54 @@ class Run:
             if name in usage:
                 usage[name] = Usage(**u)
         t0 = time.perf_counter()
-        generators = build_generators(cfg, usage)  # fail on a bad model or key before loading anything else
-        embedder = SentenceTransformerEmbedder(cfg.embedder)
-        holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, private=private, task=task,
-                              embedder=embedder)
-        shares = saved["label_shares"] if saved is not None else label_shares(cfg, task, holder)
+        embedder = LazyEmbedder(cfg.embedder)  # loads at its first use, after the cheap checks below
+        holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, task=task, embedder=embedder)
+        generators = build_generators(cfg, usage)  # a bad model file or key fails before any model loads
+        shares = (saved["label_shares"] if saved is not None
+                  else label_shares(cfg, task, holder, self.method.label_release()))
         synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
-        ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators, holder=holder,
-                          embed=synth.encode, progress=self.progress, timings=timings)
+        ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
+                          holder=HolderRequests(holder), embed=synth.encode, progress=self.progress, timings=timings)
         ctx.add_time("load_models", t0)
-        return _Live(ctx, state, usage, knobs, ledger, holder, embedder, private, load_test(cfg))
+        return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg))
 
-    def _load_private(self, task: TaskSpec) -> PrivateData:
-        if not self.method.uses_private_data and self.config.privacy.label_proportions != "dp":
-            return PrivateData(LabelledTexts([], []))
-        private = load_private(self.config)
-        check_private(self.config, private, task, min_records=self.method.min_private_records())
-        return private
+    def _knobs(self) -> dict[str, float]:
+        """The calibrated knobs: computed and saved with the plan's fingerprint before the first release,
+        or read back on resume after checking that nothing the schedule depends on was edited."""
+        path = self.dir.plan
+        if path.exists():
+            try:
+                saved = json.loads(path.read_text())
+                before, knobs = saved["fingerprint"], saved["knobs"]
+            except (ValueError, KeyError, TypeError) as err:
+                raise DpsynthError(f"{path}: damaged checkpoint ({err}); the run cannot be resumed") from err
+            changed = _changed_fields(before, self.plan.fingerprint())
+            if changed:
+                raise DpsynthError(f"{self.dir.config}: {changed} changed since the run started; the privacy "
+                                   "schedule depends on it, so the run cannot resume with it (restore it or start "
+                                   "a new run)")
+            return knobs
+        if self.dir.state.exists():
+            raise DpsynthError(f"{self.dir.root}: checkpoint written by an older dpsynth (before format "
+                               f"{CHECKPOINT_FORMAT}); it cannot be resumed by this version: start a new run")
+        knobs = self.calibrate()
+        atomic_write_text(path, json.dumps({"format": CHECKPOINT_FORMAT, "fingerprint": self.plan.fingerprint(),
+                                            "knobs": knobs}))
+        return knobs
+
+    def _check_saved_releases(self, store: ReleaseStore, knobs: dict[str, float]) -> None:
+        """Every saved release must be one the schedule makes, at the saved knobs."""
+        for name, event in store.events().items():
+            try:
+                release = self.plan.schedule.by_name(name)
+            except KeyError:
+                raise DpsynthError(f"{self.dir.releases}: release {name} is not in this run's schedule; the "
+                                   "run cannot resume safely") from None
+            value = knobs[release.knob]
+            expected = release.event(value) if value > 0 else None
+            if expected != event:
+                raise DpsynthError(f"{self.dir.releases}: release {name} does not match this run's schedule; "
+                                   "the run cannot resume safely")
 
     def _iterate(self, live: _Live) -> dict:
         for t in range(live.state.next_iteration, self.method.iterations()):
@@ -194,8 +223,6 @@ class Run:
     def _save_checkpoint(self, live: _Live) -> None:
         payload = {
             "format": CHECKPOINT_FORMAT,
-            "plan": self.plan.fingerprint(),
-            "knobs": live.knobs,
             "ledger": live.ledger.to_dict(),
             "state": live.state.model_dump(mode="json"),
             "label_shares": live.ctx.label_shares,
@@ -218,10 +245,6 @@ class Run:
         if not isinstance(saved, dict) or saved.get("format") != CHECKPOINT_FORMAT:
             raise DpsynthError(f"{self.dir.root}: checkpoint written by an older dpsynth (before format "
                                f"{CHECKPOINT_FORMAT}); it cannot be resumed by this version: start a new run")
-        changed = _changed_fields(saved["plan"], self.plan.fingerprint())
-        if changed:
-            raise DpsynthError(f"{self.dir.config}: {changed} changed since the run started; the privacy schedule "
-                               "depends on it, so the run cannot resume with it (restore it or start a new run)")
         return saved
 
     # -- outputs ------------------------------------------------------------------
@@ -250,6 +273,7 @@ class Run:
 def _changed_fields(before: dict, now: dict) -> str:
     """Names of the privacy settings that differ between a checkpoint and the current config."""
     names = {"epsilon": "privacy.epsilon", "delta": "privacy.delta", "adjacency": "privacy.adjacency",
+             "federation": "federated (parties, aggregation, min_parties)",
              "releases": "the schedule of releases (iterations, Q, unit of privacy, label proportions ...)",
              "fixed": "a fixed noise setting (privacy.label_histogram_sigma)"}
     diff = [names[k] for k in names if before.get(k) != now.get(k)]

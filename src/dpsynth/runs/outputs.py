@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from dpsynth.data.records import LabelledTexts
-from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
+from dpsynth.embed.sentence import CachedEmbedder, Embedder
 from dpsynth.evaluate.downstream import probe_scores
 from dpsynth.fs import RunDir, atomic_write_text, cache_dir
 from dpsynth.llm.base import Usage
@@ -33,7 +33,7 @@ def write_privacy(run_dir: RunDir, ledger: PrivacyLedger, noise_mode: str, plan:
     return report
 
 
-def evaluate_sets(ctx: StepContext, embedder: SentenceTransformerEmbedder, test: LabelledTexts,
+def evaluate_sets(ctx: StepContext, embedder: Embedder, test: LabelledTexts,
                   sets: dict[str, list[SyntheticSample]], seed: int) -> dict[str, Any]:
     """Probe accuracy on the real test split for the final set and the method's reference sets."""
     t0 = time.perf_counter()

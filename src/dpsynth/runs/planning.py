@@ -16,13 +16,8 @@ from dpsynth.federated.clipping import accounting_delta, clip_delta
 from dpsynth.methods.base import Method, PaperFormula
 from dpsynth.methods.registry import method_class
 from dpsynth.privacy.accountant import epsilon_rdp
-from dpsynth.privacy.events import GaussianEvent
 from dpsynth.privacy.ledger import Assumptions
-from dpsynth.privacy.schedule import Knob, Release, Schedule
-from dpsynth.privacy.sensitivity import histogram_sensitivity
-
-LABELS_RELEASE = "labels.histogram"
-LABEL_SIGMA = "label_sigma"
+from dpsynth.privacy.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -106,7 +101,15 @@ class PrivacyPlan:
         return {"epsilon": p.epsilon if math.isfinite(p.epsilon) else "inf", "delta": p.delta,
                 "adjacency": p.adjacency.value,
                 "releases": [[r.name, r.knob, r.sensitivity] for r in self.schedule.releases],
-                "fixed": {k.name: k.value for k in self.schedule.knobs if k.value is not None}}
+                "fixed": {k.name: k.value for k in self.schedule.knobs if k.value is not None},
+                "federation": self._federation()}
+
+    def _federation(self) -> dict | None:
+        fed = self.config.federated
+        if fed is None:
+            return None
+        return {"parties": fed.parties, "aggregation": fed.aggregation, "threshold": fed.threshold,
+                "accounting_delta": self.accounting_delta}
 
     def assumptions(self) -> Assumptions:
         p, fed = self.config.privacy, self.config.federated
@@ -130,23 +133,9 @@ class PrivacyPlan:
 
 
 def plan_privacy(config: RunConfig) -> PrivacyPlan:
-    """The method's schedule plus the run's own releases, for this config."""
+    """The method's schedule plus its label-proportion release, for this config."""
     method = method_class(config.method)(config)
-    schedule = method.schedule()
-    p = config.privacy
-    if p.label_proportions == "dp":
-        sens = histogram_sensitivity(p.adjacency, max_records_per_user=p.max_records_per_user)
-
-        def event(name: str, sigma: float) -> GaussianEvent:
-            return GaussianEvent(name=name, sensitivity=sens, sigma=sigma)
-
-        schedule = Schedule(
-            releases=(Release(LABELS_RELEASE, None, LABEL_SIGMA, event, sens),),
-            knobs=(Knob(LABEL_SIGMA, value=p.label_histogram_sigma,
-                        description="Gaussian noise on the private label counts (privacy.label_histogram_sigma)"),),
-            notes=("DP label histogram (label proportions from noisy private counts)",),
-        ) + schedule
-    return PrivacyPlan(config, method, schedule)
+    return PrivacyPlan(config, method, method.label_schedule() + method.schedule())
 
 
 def plan_for_method(method: str, *, epsilon: float = math.inf, delta: float = 1e-5, options: dict | None = None,

@@ -22,6 +22,8 @@ class VoteSpec(BaseModel):
     kind: Literal["wasp", "rank"]
     q: int = Field(8, ge=1, description="WASP: votes per private sample on each side")
     weights: tuple[float, ...] = Field((1.0,), description="rank: weight of the r-th nearest candidate")
+    sampling_rate: float = Field(1.0, gt=0, le=1, description="Poisson subsampling: each record votes with this "
+                                 "probability, drawn by the data holder from its secret noise stream")
 
     def length(self, candidates: int) -> int:
         return 2 * candidates if self.kind == "wasp" else candidates
