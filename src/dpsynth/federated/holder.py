@@ -58,6 +58,12 @@ class FederatedHolder(ReleasingHolder):
     def noisy_label_counts(self, labels: list[str], *, release: ReleaseKey) -> np.ndarray:
         raise DpsynthError("federated runs take public label proportions (uniform or {label: share})")
 
+    def noisy_length_histogram(self, edges: list[int], *, release: ReleaseKey) -> np.ndarray:
+        raise DpsynthError("length metadata has no federated form yet (the parties would need a histogram round)")
+
+    def length_bound(self, which: str, cap: int, *, release: ReleaseKey) -> int:
+        raise DpsynthError("sparse-vector length bounds have no federated form yet")
+
     def _round(self, release: Release, sigma: float, spec: VoteSpec, candidates: np.ndarray,
                labels: np.ndarray) -> np.ndarray:
         if self.aggregator is None:
