@@ -143,3 +143,77 @@ def test_cli_unreachable_api(tmp_path: Path) -> None:
     cfg["evaluate"] = False
     proc = _cli("run", str(_write_config(tmp_path, cfg)), "-o", str(tmp_path / "r"), cwd=tmp_path)
     _one_line_error(proc, "unreachable after retries")
+
+
+def test_config_rejects_nan(tmp_path: Path) -> None:
+    base = _config(tmp_path, "text,label\na,spam\n")
+    with pytest.raises(DpsynthError, match=r"privacy.epsilon: must be a number > 0 \(got NaN\)"):
+        parse_config({**base, "privacy": {"epsilon": float("nan")}})
+    with pytest.raises(DpsynthError, match=r"privacy.delta: must be a number in \(0, 1\) \(got NaN\)"):
+        parse_config({**base, "privacy": {"delta": float("nan")}})
+    assert parse_config({**base, "privacy": {"epsilon": float("inf")}}).privacy.epsilon == float("inf")
+
+
+def test_cli_eps_nan(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "text,label\na,spam\n")
+    text = yaml.safe_dump(cfg).replace("privacy:\n", "privacy:\n  epsilon: .nan\n")
+    (tmp_path / "run.yaml").write_text(text)
+    _one_line_error(_cli("run", str(tmp_path / "run.yaml"), cwd=tmp_path), "privacy.epsilon: must be a number > 0")
+
+
+def test_model_file_not_gguf(tmp_path: Path) -> None:
+    from dpsynth.llm.llama_cpp_backend import LlamaCppGenerator
+
+    fake = tmp_path / "x.gguf"
+    fake.write_text("this is a text file, not a model\n")
+    with pytest.raises(DpsynthError, match=r"x.gguf is not a GGUF model .*give a .gguf file"):
+        LlamaCppGenerator(fake)
+    damaged = tmp_path / "cut.gguf"
+    damaged.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 16)  # the magic, then nothing usable
+    with pytest.raises(DpsynthError, match=r"llama.cpp could not load the model file .*cut.gguf.*download it again"):
+        LlamaCppGenerator(damaged)
+
+
+def test_cli_model_file_not_gguf(tmp_path: Path) -> None:
+    rows = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(20))
+    cfg = _config(tmp_path, rows)
+    (tmp_path / "x.gguf").write_text("not a model\n")
+    cfg["generators"] = [{"model": str(tmp_path / "x.gguf")}]
+    _one_line_error(_cli("run", str(_write_config(tmp_path, cfg)), "-o", str(tmp_path / "r"), cwd=tmp_path),
+                    "is not a GGUF model")
+
+
+def _truncated_run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("embedder: all-MiniLM-L6-v2\nseed: 0\n")
+    good = '{"text": "buy now", "label": "spam", "iteration": 0}\n'
+    (run / "synthetic.jsonl").write_text(good * 2 + '{"text": "hello th')  # cut short mid-line
+    return run
+
+
+def test_eval_truncated_synthetic(tmp_path: Path, monkeypatch) -> None:
+    import dpsynth.evaluate.run_eval as run_eval
+    from dpsynth.data.records import LabelledTexts
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the synthetic data was checked")
+
+    monkeypatch.setattr(run_eval, "SentenceTransformerEmbedder", no_model)
+    run = _truncated_run(tmp_path)
+    with pytest.raises(DpsynthError, match=r"synthetic.jsonl, line 3: not valid JSON"):
+        run_eval.evaluate_run(run, LabelledTexts(["hi"], ["ham"]))
+    (run / "synthetic.jsonl").write_text('{"text": "ok", "label": "spam"}\n[1, 2]\n')
+    with pytest.raises(DpsynthError, match=r"line 2: not a synthetic sample"):
+        run_eval.load_run(run)
+    (run / "synthetic.jsonl").write_bytes('{"text": "caf\u00e9", "label": "ham"}\n{"text": "caf'.encode()
+                                          + "\u00e9".encode()[:1])
+    with pytest.raises(DpsynthError, match=r"line 2: not valid UTF-8"):
+        run_eval.load_run(run)
+
+
+def test_cli_eval_truncated_synthetic(tmp_path: Path) -> None:
+    run = _truncated_run(tmp_path)
+    test = _csv(tmp_path, "text,label\nhello,ham\nbuy,spam\n", "test.csv")
+    proc = _cli("eval", str(run), "--test", str(test), cwd=tmp_path)
+    _one_line_error(proc, f"{run / 'synthetic.jsonl'}, line 3: not valid JSON")

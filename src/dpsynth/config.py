@@ -9,10 +9,18 @@ shared default lives here. This module imports no engine code: everything may im
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from dpsynth.embed.sentence import DEFAULT_EMBEDDER
 from dpsynth.privacy.accountant import Adjacency
@@ -34,7 +42,8 @@ class GeneratorConfig(Section):
     base_url: Optional[str] = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
     max_concurrency: PositiveInt = 4
-    max_retries: int = Field(5, ge=0, description="API retries with exponential backoff (timeouts, 429, 5xx)")
+    max_retries: int = Field(5, ge=0, description="API retries per request with exponential backoff (timeouts, "
+                             "429, 5xx, malformed answers)")
     timeout: float = Field(120.0, gt=0, description="seconds per API request")
     n_ctx: PositiveInt = 2048
     price_per_prompt_token: Optional[float] = None
@@ -81,6 +90,21 @@ class PrivacyConfig(Section):
     )
     label_histogram_sigma: float = Field(10.0, gt=0, description="noise of the DP label histogram ('dp' only)")
     noise_seed: Optional[int] = Field(None, description="reproducible noise for experiments: NOT FOR RELEASE")
+
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon_a_number(cls, value: float) -> float:
+        # NaN passes every comparison check (nan <= 0 is False): reject it by name (inf stays: a reference run).
+        if math.isnan(value):
+            raise ValueError("must be a number > 0 (got NaN); give e.g. epsilon: 4.0, or .inf for a non-private run")
+        return value
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_a_number(cls, value: float) -> float:
+        if math.isnan(value):
+            raise ValueError("must be a number in (0, 1) (got NaN); give e.g. delta: 1.0e-5")
+        return value
 
 
 class FederatedConfig(Section):

@@ -25,8 +25,9 @@ def evaluate(
     mauve: bool = typer.Option(True, "--mauve/--no-mauve"),
 ) -> None:
     """Downstream accuracy, FID, MAUVE, precision/recall and diversity; writes RUN_DIR/eval.json."""
-    from dpsynth.evaluate.run_eval import evaluate_run, summary_rows
+    from dpsynth.evaluate.run_eval import evaluate_run, load_run, summary_rows
 
+    load_run(run_dir)  # check the run (config.yaml, synthetic.jsonl) before loading the test set or any model
     result = evaluate_run(run_dir, _load_test(test, text_column, label_column), classifier=classifier.value,
                           with_mauve=mauve)
     for line in summary_rows(result):

@@ -27,18 +27,59 @@ from dpsynth.fs import RunDir, atomic_write_text, cache_dir
 
 
 def read_synthetic(run_dir: Path) -> list[dict]:
+    """The run's synthetic samples; a damaged file is a one-line error naming the file and line."""
     path = RunDir(run_dir).synthetic
     if not path.is_file():
         raise DpsynthError(f"{run_dir}: no synthetic.jsonl; is the run finished?")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    fix = ("the file is cut short or damaged: copy it again from the run's machine, or rerun; "
+           "each line must be one JSON sample")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise DpsynthError(f"{path}, line {line}: not valid UTF-8; {fix}") from err
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DpsynthError(
+                f"{path}, line {number}: not valid JSON ({err.msg}, column {err.colno}); {fix}"
+            ) from err
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str) or "label" not in row:
+            raise DpsynthError(f"{path}, line {number}: not a synthetic sample (a JSON object with text and label); "
+                               f"{fix}")
+        rows.append(row)
+    return rows
+
+
+def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
+    """A run's settings (embedder, seed) and its synthetic samples, checked; cheap: no model is loaded."""
+    run_dir = Path(run_dir)
+    config = _run_settings(RunDir(run_dir))
+    rows = read_synthetic(run_dir)
+    if not rows:
+        raise DpsynthError(f"{run_dir}: synthetic.jsonl is empty")
+    return config, rows
 
 
 def _run_settings(run_dir: RunDir) -> dict:
     """The embedder and seed of a run, from its resolved config.yaml (the rest is not needed here)."""
     if not run_dir.config.is_file():
         raise DpsynthError(f"{run_dir.root}: no config.yaml; not a dpsynth run directory")
-    raw = yaml.safe_load(run_dir.config.read_text(encoding="utf-8")) or {}
-    return {"embedder": raw.get("embedder", DEFAULT_EMBEDDER), "seed": int(raw.get("seed", 0))}
+    try:
+        raw = yaml.safe_load(run_dir.config.read_text(encoding="utf-8")) or {}
+        if not isinstance(raw, dict):
+            raise TypeError("not a YAML mapping")
+        return {"embedder": str(raw.get("embedder", DEFAULT_EMBEDDER)), "seed": int(raw.get("seed", 0))}
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError, TypeError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DpsynthError(
+            f"{run_dir.config}: not a valid run config ({reason}); the run directory is damaged"
+        ) from err
 
 
 def evaluate_run(
@@ -50,10 +91,7 @@ def evaluate_run(
     per_iteration: bool = True,
 ) -> dict:
     run_dir = Path(run_dir)
-    config = _run_settings(RunDir(run_dir))
-    rows = read_synthetic(run_dir)
-    if not rows:
-        raise DpsynthError(f"{run_dir}: synthetic.jsonl is empty")
+    config, rows = load_run(run_dir)  # a damaged run fails here, before any model loads
     embedder = SentenceTransformerEmbedder(config["embedder"])
     synth = CachedEmbedder(embedder, RunDir(run_dir).synthetic_embeddings)
     public = CachedEmbedder(embedder, cache_dir() / "embeddings-public.sqlite")

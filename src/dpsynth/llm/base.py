@@ -79,13 +79,18 @@ class Generator(Protocol):
 
 @dataclass
 class Usage:
-    """Token counts for one generator in a run; cached results cost nothing."""
+    """Token counts for one generator in a run; cached results cost nothing.
+
+    `retries` counts API requests sent again after a rate limit, server error,
+    lost connection or malformed answer (they are not billed as results).
+    """
 
     requests: int = 0
     cached: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     generation_seconds: float = 0.0
+    retries: int = 0
     prices: dict[str, float] = field(default_factory=dict)
 
     def add(self, result: GenerationResult) -> None:

@@ -15,6 +15,23 @@ from typing import Any, Sequence
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
 
+GGUF_MAGIC = b"GGUF"
+
+
+def _check_gguf(path: Path) -> None:
+    """A clear error for a file that is not a GGUF model at all, before llama.cpp is even loaded."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as err:
+        raise DpsynthError(f"model file {path} cannot be read ({err.strerror}); check its permissions") from err
+    if magic != GGUF_MAGIC:
+        raise DpsynthError(
+            f"model file {path} is not a GGUF model (it starts with {magic!r}, not {GGUF_MAGIC!r}); give a .gguf "
+            "file in llama.cpp's format (e.g. from a Hugging Face repo's GGUF files), or a known model name, or "
+            "kind: transformers for a Hugging Face model"
+        )
+
 
 class LlamaCppGenerator:
     def __init__(
@@ -29,18 +46,26 @@ class LlamaCppGenerator:
         model_path = Path(model_path)
         if not model_path.is_file():
             raise DpsynthError(f"model file {model_path} does not exist; give the path of a .gguf file")
+        _check_gguf(model_path)
         try:
             from llama_cpp import Llama
         except ImportError as err:
             raise DpsynthError("llama.cpp backend needs llama-cpp-python: pip install 'dpsynth[local]'") from err
         self._path = model_path
         self.name = name or model_path.stem
-        self._llm = Llama(
-            model_path=str(model_path),
-            n_ctx=n_ctx,
-            n_threads=n_threads or max(1, (os.cpu_count() or 2)),
-            verbose=False,
-        )
+        try:
+            self._llm = Llama(
+                model_path=str(model_path),
+                n_ctx=n_ctx,
+                n_threads=n_threads or max(1, (os.cpu_count() or 2)),
+                verbose=False,
+            )
+        except ValueError as err:  # llama.cpp's "Failed to load model from file"
+            raise DpsynthError(
+                f"llama.cpp could not load the model file {model_path} ({err}); it may be damaged or cut short, "
+                "or of an architecture this llama-cpp-python does not know: download it again, or upgrade "
+                "llama-cpp-python"
+            ) from err
         has_template = bool(self._llm.metadata.get("tokenizer.chat_template"))
         self._chat = has_template if chat is None else chat
         if self._chat and not has_template:

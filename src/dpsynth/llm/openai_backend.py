@@ -1,21 +1,102 @@
 """Any OpenAI-compatible endpoint: OpenAI, vLLM, llama.cpp server, Ollama.
 
 Requests of a batch run concurrently (a thread pool of `max_concurrency`).
-Timeouts, 429 and 5xx answers are retried with exponential backoff and jitter
-by the official client (`max_retries`); what still fails becomes one clear
-error, and every result that did arrive has already been handed to the cache.
-The API key is read from the environment variable named in the config, never
-from a file in the project.
+Every faulty answer is retried with exponential backoff and jitter, up to
+`max_retries` times per request: timeouts and lost connections, HTTP 408, 409,
+429 and 5xx (a server's Retry-After / retry-after-ms is honoured), and
+malformed answers - a body that is not JSON or is cut short, no choices, a
+choice without message or text. A malformed answer never becomes a sample.
+Retries are counted (`retries`, reported per generator in the run's usage).
+What still fails becomes one clear error, and every result that did arrive has
+already been handed to the cache. The API key is read from the environment
+variable named in the config, never from a file in the project.
 """
 
 from __future__ import annotations
 
+import email.utils
+import json
+import math
 import os
+import random
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+
+MAX_RETRY_AFTER = 120.0  # seconds; a server asking for a longer wait is not retried (as the openai client does)
+RETRY_STATUS = frozenset({408, 409, 429})
+
+
+class MalformedAnswer(Exception):
+    """The endpoint answered with success but not with a usable completion."""
+
+
+def _one_line(text: object, limit: int = 200) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """The wait a server asks for: retry-after-ms, or Retry-After in seconds or as an HTTP date."""
+    if not headers:
+        return None
+    for header, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(header)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / divisor
+        except ValueError:
+            continue
+        if math.isfinite(seconds):
+            return max(0.0, seconds)
+    value = headers.get("retry-after")
+    if value:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def parse_answer(body: bytes, *, chat: bool) -> GenerationResult:
+    """A completion from a response body, or MalformedAnswer naming what is wrong with it."""
+    try:
+        data = json.loads(body)
+    except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
+        raise MalformedAnswer(f"body is not valid JSON ({_one_line(err, 80)}; {len(body)} bytes)") from err
+    if not isinstance(data, dict):
+        raise MalformedAnswer(f"body is a JSON {type(data).__name__}, not an object")
+    if data.get("error"):
+        raise MalformedAnswer(f"error in a success answer: {_one_line(data['error'])}")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedAnswer("answer has no choices")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise MalformedAnswer("choices[0] is not an object")
+    if chat:
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise MalformedAnswer("choices[0] has no message")
+        text = message.get("content")
+        text = "" if text is None else text  # e.g. a refusal: an empty text, as before
+    else:
+        text = choice.get("text")
+    if not isinstance(text, str):
+        raise MalformedAnswer(f"choices[0] has no text (got {type(text).__name__})")
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) and value >= 0 else 0
+
+    return GenerationResult(text, count("prompt_tokens"), count("completion_tokens"))
 
 
 class OpenAICompatGenerator:
@@ -30,6 +111,8 @@ class OpenAICompatGenerator:
         max_concurrency: int = 4,
         max_retries: int = 5,
         timeout: float = 120.0,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
     ) -> None:
         try:
             import openai
@@ -39,14 +122,19 @@ class OpenAICompatGenerator:
         if key is None and base_url is None:
             raise DpsynthError(f"environment variable {api_key_env} is not set; export your API key there")
         self._openai = openai
-        self._client = openai.OpenAI(
-            api_key=key or "not-needed", base_url=base_url, max_retries=max_retries, timeout=timeout
-        )
+        # The client does not retry: this backend retries everything itself, malformed answers included,
+        # so that every retry is counted and bounded by the same max_retries.
+        self._client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url, max_retries=0, timeout=timeout)
         self._model = model
         self._base_url = base_url or "https://api.openai.com/v1"
         self.name = name or model
         self._chat = chat
         self._max_concurrency = max_concurrency
+        self._max_retries = max_retries
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._count_lock = threading.Lock()
+        self.retries = 0  # requests sent again, over this generator's life
 
     @property
     def model_id(self) -> str:
@@ -61,14 +149,16 @@ class OpenAICompatGenerator:
     ) -> list[GenerationResult]:
         results: list[GenerationResult | None] = [None] * len(requests)
         error: BaseException | None = None
+        failed = threading.Event()  # once a request has given up, the others stop retrying
         with ThreadPoolExecutor(max_workers=self._max_concurrency) as pool:
-            futures = {pool.submit(self._one, r): i for i, r in enumerate(requests)}
+            futures = {pool.submit(self._one, r, failed): i for i, r in enumerate(requests)}
             for future in as_completed(futures):
                 if future.cancelled():
                     continue
                 if future.exception() is not None:
                     # Stop sending new requests, but keep (and cache) those already in flight.
                     error = error or future.exception()
+                    failed.set()
                     for other in futures:
                         other.cancel()
                     continue
@@ -80,7 +170,21 @@ class OpenAICompatGenerator:
             raise self._explain(error) from error
         return [r for r in results if r is not None]
 
-    def _one(self, request: GenerationRequest) -> GenerationResult:
+    def _one(self, request: GenerationRequest, failed: threading.Event | None = None) -> GenerationResult:
+        attempt = 0
+        while True:
+            try:
+                return self._attempt(request)
+            except Exception as err:
+                delay = self._retry_delay(err, attempt)
+                if delay is None or attempt >= self._max_retries or (failed is not None and failed.is_set()):
+                    raise
+            attempt += 1
+            with self._count_lock:
+                self.retries += 1
+            time.sleep(delay)
+
+    def _attempt(self, request: GenerationRequest) -> GenerationResult:
         params: dict[str, Any] = dict(
             model=self._model,
             max_tokens=request.max_tokens,  # llama.cpp's server ignores max_completion_tokens
@@ -90,28 +194,56 @@ class OpenAICompatGenerator:
         )
         if request.stop:
             params["stop"] = list(request.stop)
+        # The raw answer is parsed here, strictly: the client's lenient parsing lets an empty or broken
+        # answer through as an object that fails (or worse, becomes an empty sample) later.
         if request.messages is not None:
-            out = self._client.chat.completions.create(
+            raw = self._client.chat.completions.with_raw_response.create(
                 messages=[{"role": role, "content": content} for role, content in request.messages], **params
             )
-            text = out.choices[0].message.content or ""
         else:
-            out = self._client.completions.create(prompt=request.prompt, **params)
-            text = out.choices[0].text
-        usage = out.usage
-        return GenerationResult(
-            text, usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0
-        )
+            raw = self._client.completions.with_raw_response.create(prompt=request.prompt, **params)
+        return parse_answer(raw.http_response.content, chat=request.messages is not None)
+
+    def _retry_delay(self, err: BaseException, attempt: int) -> float | None:
+        """Seconds to wait before retrying after `err`, or None if retrying cannot help."""
+        o = self._openai
+        backoff = min(self._backoff * 2.0**attempt, self._max_backoff) * (1 - 0.25 * random.random())
+        if isinstance(err, (MalformedAnswer, o.APIConnectionError)):  # incl. timeouts and bodies cut short
+            return backoff
+        if isinstance(err, o.APIStatusError):
+            headers = err.response.headers
+            should = headers.get("x-should-retry")
+            if should == "false" or (should != "true" and err.status_code not in RETRY_STATUS
+                                     and err.status_code < 500):
+                return None
+            wait = retry_after_seconds(headers)
+            if wait is None:
+                return backoff
+            return wait if wait <= MAX_RETRY_AFTER else None
+        return None
 
     def _explain(self, err: BaseException) -> BaseException:
         o = self._openai
         where = f"{self._base_url} (model {self._model})"
+        if isinstance(err, MalformedAnswer):
+            return DpsynthError(f"{where}: malformed answer after {self._max_retries} retries ({err}); check that "
+                                "base_url is an OpenAI-compatible endpoint and that the server is healthy")
         if isinstance(err, o.AuthenticationError):
             return DpsynthError(f"{where}: API key rejected; check the key in the environment")
         if isinstance(err, o.NotFoundError):
             return DpsynthError(f"{where}: model or endpoint not found; check model and base_url")
         if isinstance(err, o.APIConnectionError):
-            return DpsynthError(f"{where}: unreachable after retries ({err}); check base_url and that the server runs")
+            return DpsynthError(f"{where}: unreachable after retries ({_one_line(err)}); check base_url and that "
+                                "the server runs")
         if isinstance(err, o.APIStatusError):
+            wait = retry_after_seconds(err.response.headers)
+            if wait is not None and wait > MAX_RETRY_AFTER:
+                return DpsynthError(f"{where}: HTTP {err.status_code}, the server asks to wait {wait:.0f} s "
+                                    f"(over {MAX_RETRY_AFTER:.0f} s); try again later")
+            if self._retry_delay(err, 0) is None:
+                body = err.body if isinstance(err.body, dict) else {}
+                detail = body.get("message") or err.message
+                return DpsynthError(f"{where}: request rejected with HTTP {err.status_code} "
+                                    f"({_one_line(detail)}); check the generator's settings")
             return DpsynthError(f"{where}: request failed after retries with HTTP {err.status_code}")
         return err
