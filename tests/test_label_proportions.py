@@ -10,6 +10,7 @@ import pytest
 
 from dpsynth.data.public import task_for
 from dpsynth.errors import DpsynthError
+from dpsynth.methods.base import LABELS_RELEASE
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource
 from dpsynth.private.dataset import load_private
@@ -17,7 +18,6 @@ from dpsynth.private.holder import CentralHolder
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.runs.build import label_shares
 from dpsynth.runs.config import parse_config
-from dpsynth.methods.base import LABELS_RELEASE
 from dpsynth.runs.planning import plan_privacy
 from dpsynth.voting.spec import VoteSpec
 

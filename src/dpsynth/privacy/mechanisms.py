@@ -69,15 +69,18 @@ def laplace_release(
     return np.asarray(values, dtype=np.float64) + rng.laplace(0.0, scale, size=np.shape(values))
 
 
-def above_threshold(queries: Iterable[float], *, threshold: float, epsilon: float | None,
-                    rng: np.random.Generator, sensitivity: float = 1.0) -> int | None:
-    """Sparse vector's AboveThreshold (Dwork & Roth, Alg. 1): index of the first query whose noisy value
-    reaches the noisy threshold, or None. epsilon-DP for any number of queries with this sensitivity;
-    threshold noise Lap(2 Delta/eps), query noise Lap(4 Delta/eps). epsilon=None: no noise (NOT DP).
-    The caller records the event (a PureDpEvent of `epsilon`) before calling."""
-    noisy_threshold = threshold + (rng.laplace(0.0, 2 * sensitivity / epsilon) if epsilon else 0.0)
+def above_threshold(queries: Iterable[float], *, threshold: float, scale: float | None,
+                    rng: np.random.Generator) -> int | None:
+    """Sparse vector's AboveThreshold (Dwork & Roth, Alg. 1; papers/003 App. B.2): index of the first query
+    whose noisy value reaches the noisy threshold, or None.
+
+    Threshold noise Lap(b), query noise Lap(2b): (2 Delta / b)-DP for any number of queries of
+    sensitivity Delta (b = 2 Delta / eps gives the textbook Lap(2 Delta/eps), Lap(4 Delta/eps)).
+    scale=None: no noise (NOT DP). The caller records the event before calling.
+    """
+    noisy_threshold = threshold + (rng.laplace(0.0, scale) if scale else 0.0)
     for i, value in enumerate(queries):
-        noise = rng.laplace(0.0, 4 * sensitivity / epsilon) if epsilon else 0.0
+        noise = rng.laplace(0.0, 2 * scale) if scale else 0.0
         if value + noise >= noisy_threshold:
             return i
     return None

@@ -16,7 +16,9 @@ from dpsynth.config import RunConfig
 from dpsynth.data.corpora import get_corpus, sample_private, split
 from dpsynth.data.loaders import load_labelled
 from dpsynth.data.records import LabelledTexts, TaskSpec
+from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
+from dpsynth.private.holder import CentralHolder
 
 
 @dataclass(frozen=True)
@@ -66,3 +68,15 @@ def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_r
         raise DpsynthError(
             f"privacy.delta={config.privacy.delta:g} is not < 1/M for this private set (M records); such a delta "
             "allows leaking a whole record. Use e.g. 1e-5")
+
+
+def open_central_holder(config: RunConfig, task: TaskSpec, *, min_records: tuple[int, str], load: bool,
+                        embedder: Embedder, **kw) -> CentralHolder:
+    """Load and check the private records (before any budget is spent) and hold them; `load=False`
+    for runs that never touch private data (no record is read)."""
+    records = LabelledTexts([], [])
+    if load:
+        data = load_private(config)
+        check_private(config, data, task, min_records=min_records)
+        records = data.records
+    return CentralHolder(records, task.label_names, embedder, **kw)

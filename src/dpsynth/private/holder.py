@@ -16,14 +16,12 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from dpsynth.config import RunConfig
-from dpsynth.data.records import LabelledTexts, TaskSpec
+from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import Embedder
+from dpsynth.privacy.events import GaussianEvent, LaplaceEvent, SubsampledGaussianEvent
 from dpsynth.privacy.ledger import PrivacyLedger
-from dpsynth.privacy.events import GaussianEvent, LaplaceEvent, PureDpEvent, SubsampledGaussianEvent
 from dpsynth.privacy.mechanisms import NoiseSource, above_threshold
 from dpsynth.privacy.schedule import Release, Schedule
-from dpsynth.private.dataset import check_private, load_private
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.voting.spec import VoteSpec, compute_votes
 
@@ -104,17 +102,16 @@ class ReleasingHolder:
         return out.copy()
 
     def _noised(self, release: Release, value: float, clean: np.ndarray) -> np.ndarray:
-        """clean + the noise of the release's own event (Gaussian, Laplace), from the release's stream."""
+        """clean + noise of scale `value` (the knob: a Laplace scale or a Gaussian sigma), with the
+        distribution of the release's own event, from the release's stream."""
         clean = np.asarray(clean, dtype=np.float64)
         if value == 0.0:
             return clean
         event, rng = release.event(value), self.noise.stream(release.name)
         if isinstance(event, LaplaceEvent):
-            return clean + rng.laplace(0.0, event.scale, size=clean.shape)
-        if isinstance(event, GaussianEvent):
-            return clean + rng.normal(0.0, event.sigma, size=clean.shape)
-        if isinstance(event, SubsampledGaussianEvent):  # the clean vector's sensitivity is 1 per record
-            return clean + rng.normal(0.0, event.noise_multiplier, size=clean.shape)
+            return clean + rng.laplace(0.0, value, size=clean.shape)
+        if isinstance(event, (GaussianEvent, SubsampledGaussianEvent)):
+            return clean + rng.normal(0.0, value, size=clean.shape)
         raise TypeError(f"release {release.name}: {type(event).__name__} is not an additive noise mechanism")
 
     def _sample_mask(self, release: Release, rate: float, n: int) -> np.ndarray:
@@ -127,7 +124,7 @@ class ReleasingHolder:
 class CentralHolder(ReleasingHolder):
     """One trusted data holder with every private record in memory (never written anywhere).
 
-    Build it with `open_central_holder`, which loads and checks the records; the embedder may load
+    Build it with `dataset.open_central_holder`, which loads and checks the records; the embedder may load
     lazily (its first use is the first vote).
     """
 
@@ -168,9 +165,9 @@ class CentralHolder(ReleasingHolder):
 
     def length_bound(self, which: str, cap: int, *, release: ReleaseKey) -> int:
         def draw(r: Release, value: float) -> np.ndarray:
-            event = r.event(value) if value > 0 else None
-            epsilon = event.epsilon if isinstance(event, PureDpEvent) else None
-            return np.array([svt_length_bound(self._lengths(), which, cap, epsilon, self.noise.stream(r.name))])
+            # value: the threshold's Laplace scale b (queries get 2b): (2 Delta / b)-DP, the release's event
+            scale = value if value > 0 else None
+            return np.array([svt_length_bound(self._lengths(), which, cap, scale, self.noise.stream(r.name))])
 
         return int(self._release(release, draw)[0])
 
@@ -193,32 +190,21 @@ def length_histogram(lengths: np.ndarray, edges: list[int]) -> np.ndarray:
     return np.bincount(np.clip(idx, 0, bins - 1), minlength=bins).astype(np.float64)
 
 
-def svt_length_bound(lengths: np.ndarray, which: str, cap: int, epsilon: float | None,
+def svt_length_bound(lengths: np.ndarray, which: str, cap: int, scale: float | None,
                      rng: np.random.Generator) -> int:
     """AboveThreshold (papers/003 App. B.2) over the query stream of counts beyond a candidate bound.
 
     'max': candidates i = 0, 1, ..., cap; query -#(length > i) with threshold 0 halts at the first i
     that (noisily) no text exceeds. 'min': candidates i = cap, cap-1, ..., 0; query -#(length < i).
-    Each query has sensitivity 1; with epsilon=None (epsilon = inf runs) the exact answer.
+    Each query has sensitivity 1 per record; `scale` is the threshold's Laplace scale b (queries get
+    2b), which makes the run (2 Delta / b)-DP; scale=None (epsilon = inf runs) gives the exact answer.
     """
     candidates = range(cap + 1) if which == "max" else range(cap, -1, -1)
 
     def query(i: int) -> float:
         return -float(np.sum(lengths > i) if which == "max" else np.sum(lengths < i))
 
-    found = above_threshold((query(i) for i in candidates), threshold=0.0, epsilon=epsilon, rng=rng)
+    found = above_threshold((query(i) for i in candidates), threshold=0.0, scale=scale, rng=rng)
     if found is None:
         return cap if which == "max" else 0
     return list(candidates)[found]
-
-
-def open_central_holder(config: RunConfig, task: TaskSpec, *, min_records: tuple[int, str], load: bool,
-                        embedder: Embedder, **kw) -> CentralHolder:
-    """Load and check the private records (before any budget is spent) and hold them; `load=False`
-    for runs that never touch private data (no record is read)."""
-    records = LabelledTexts([], [])
-    if load:
-        data = load_private(config)
-        check_private(config, data, task, min_records=min_records)
-        records = data.records
-    return CentralHolder(records, task.label_names, embedder, **kw)

@@ -39,9 +39,15 @@ class ReleaseStore:
         self.root = root
         self._saved: dict[str, tuple[PrivacyEvent | None, np.ndarray | None]] = {}
         if root is not None and root.is_dir():
-            for path in sorted(root.glob("*.json")):
+            loaded = []
+            for path in root.glob("*.json"):
                 try:
-                    data = json.loads(path.read_text())
+                    loaded.append((json.loads(path.read_text()), path))
+                except ValueError as err:
+                    raise DpsynthError(f"{path}: damaged release checkpoint ({err}); the run cannot resume "
+                                       "safely (this release may have been used)") from err
+            for data, path in sorted(loaded, key=lambda item: item[0].get("seq", 0)):  # in release order
+                try:
                     event = None if data["event"] is None else _EVENT.validate_python(data["event"])
                     values = None if data["values"] is None else np.asarray(data["values"], dtype=np.float64)
                     self._saved[data["name"]] = (event, values)
@@ -64,7 +70,8 @@ class ReleaseStore:
         kept = None if event is None else np.asarray(values, dtype=np.float64).copy()
         self._saved[name] = (event, kept)
         if self.root is not None:
-            payload = {"name": name, "event": None if event is None else _EVENT.dump_python(event, mode="json"),
+            payload = {"name": name, "seq": len(self._saved),
+                       "event": None if event is None else _EVENT.dump_python(event, mode="json"),
                        "values": None if kept is None else kept.tolist()}
             atomic_write_text(self.root / _file_name(name), json.dumps(payload))
 

@@ -98,3 +98,38 @@ def build_variation_request(
 
 def _one_line(text: str) -> str:
     return " ".join(text.replace('"', "'").split())
+
+
+def build_dpga_request(
+    task: TaskSpec,
+    label: str,
+    kind: str,
+    *,
+    chat: bool,
+    seed: int,
+    settings: PromptSettings = PromptSettings(),
+    keyword: str = "",
+    words: int = 0,
+    first: str = "",
+    second: str = "",
+    count: int = 0,
+) -> GenerationRequest:
+    """DPGA-TextSyn's requests: `keywords` (sub-topics from the public label description), `generate`
+    (from DP metadata: a keyword and a target length) and `crossover` (two elite synthetic samples)."""
+    style = load_templates("dpga")["chat" if chat else "completion"]
+    body = style[kind].format(
+        description=task.description or f"Examples of {task.text_kind}s.",
+        text_kind=task.text_kind,
+        label=label,
+        label_description=task.labels[label],
+        keyword=keyword,
+        words=max(3, words),
+        first=_one_line(first),
+        second=_one_line(second),
+        count=count,
+    )
+    common = dict(max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p, seed=seed)
+    if chat:
+        return GenerationRequest(messages=(("user", body),), **common)
+    stop = ("\n\n",) if kind == "keywords" else ('"', "\n")
+    return GenerationRequest(prompt=body, stop=stop, **common)

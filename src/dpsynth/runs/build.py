@@ -18,7 +18,8 @@ from dpsynth.llm.cache import CachedGenerator, RequestCache
 from dpsynth.llm.registry import build_generator
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource
-from dpsynth.private.holder import DataHolder, ReleasingHolder, open_central_holder
+from dpsynth.private.dataset import open_central_holder
+from dpsynth.private.holder import DataHolder, ReleasingHolder
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.runs.planning import PrivacyPlan
 

@@ -1,0 +1,395 @@
+"""DPGA-TextSyn (papers/003, Sec. 3 and App. B-D), read like the paper; implemented from the paper.
+
+iteration 0 (metadata and initial samples)                                       (Sec. 3.2)
+    label histogram + Laplace (unless the user gives public proportions)
+    text-length range by sparse vector (AboveThreshold twice: max, then min) and a length
+        histogram over it + Laplace; lengths in whitespace words
+    keywords: each PLM proposes sub-topics per label from the public label description; private
+        records vote for the nearest keyword of their own label + Laplace; top keywords kept
+    population_0: N samples from the metadata (label mix, a keyword, a target length), all PLMs
+for t in 1..T (generations)
+    votes: Poisson-subsampled records (rate q) vote for their nearest candidate of their own
+        label + Gaussian noise (subsampled Gaussian on the ledger)                (Sec. 3.3.1)
+    elites: candidates by noisy votes, high to low, skipping any whose cosine similarity to a
+        chosen one exceeds tau; tau += 0.01 while too few are chosen              (Sec. 3.3.2)
+    population_t = elites + mutate (rewrite, fill blanks) + crossover (two elites) + generate
+        (fresh from the metadata)                                                  (Sec. 3.4)
+output population_T
+
+Privacy (Sec. 4): the metadata's Laplace histograms share `budget_attributes` of epsilon and the two
+SVT runs `budget_svt` (pure DP, split as the paper splits them); the T vote releases take the rest,
+calibrated on one PLD with everything else (the paper adds the parts up with basic composition
+and applies amplification by hand; the ledger composes them tightly). Deviations, each in
+docs/dpga.md: tau is public (the paper uses the private data's noisy mean similarity without
+accounting it); lengths are counted in words; keyword votes are nearest-neighbour votes in the
+embedding space; SVT thresholds are 0 with the query streams phrased so that AboveThreshold
+halts at the bound.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, PositiveInt, model_validator
+
+from dpsynth.config import RunConfig, Section, records_per_unit
+from dpsynth.methods.base import Method, MethodState, StepContext
+from dpsynth.methods.generation import (
+    GenerationPlan,
+    SyntheticSample,
+    generate_samples,
+    plan_counts,
+    request_seed,
+)
+from dpsynth.methods.registry import register
+from dpsynth.privacy.events import (
+    LaplaceEvent,
+    PrivacyEvent,
+    PureDpEvent,
+    SubsampledGaussianEvent,
+)
+from dpsynth.privacy.schedule import Knob, Release, Schedule
+from dpsynth.privacy.sensitivity import histogram_sensitivity, pe_top1_sensitivity
+from dpsynth.prompts.builder import (
+    PromptSettings,
+    build_dpga_request,
+    build_variation_request,
+)
+from dpsynth.voting.spec import VoteSpec
+
+ATTR, SVT, VOTES = "attribute_scale", "svt_scale", "vote_sigma"
+Operator = Literal["paraphrase", "fill_blank", "crossover", "generate"]
+
+
+class DPGAOptions(Section):
+    """The `dpga:` section. Defaults are the paper's (App. D) unless noted."""
+
+    n: PositiveInt = Field(10000, description="population per generation (paper: 10,000)")
+    generations: int = Field(10, ge=1, description="T: vote, select and expand rounds (paper's analysis: 10)")
+    elite_fraction: float = Field(0.2, gt=0, lt=1, description="elites kept per generation (paper: 2,000)")
+    mutate_fraction: float = Field(0.4, ge=0, description="rewrites + blank fills (paper: 4,000)")
+    crossover_fraction: float = Field(0.2, ge=0, description="fusions of two elites (paper: 2,000)")
+    generate_fraction: float = Field(0.2, ge=0, description="fresh samples from the metadata (paper: 2,000)")
+    sampling_rate: float = Field(0.8, gt=0, le=1, description="q, Poisson subsampling of the votes (paper: 0.8)")
+    budget_svt: float = Field(0.2, gt=0, lt=1, description="share of epsilon for the two SVT runs (App. D.3)")
+    budget_attributes: float = Field(0.3, gt=0, lt=1, description="share for the label/length/keyword "
+                                     "histograms (App. D.3); the votes get the rest")
+    tau: float = Field(0.5, gt=-1, le=1, description="starting similarity threshold (public; see docs/dpga.md)")
+    tau_step: float = Field(0.01, gt=0, description="raise of tau while too few elites are chosen (paper: 0.01)")
+    length_bins: PositiveInt = Field(100, description="bins of the length histogram (paper: 100)")
+    length_cap: PositiveInt = Field(256, description="longest length (words) the SVT stream asks about (public)")
+    keywords_asked: PositiveInt = Field(20, description="sub-topics each PLM is asked for per label")
+    keywords_kept: PositiveInt = Field(10, description="sub-topics kept per label by noisy votes")
+    fill_ratio: float = Field(0.5, gt=0, lt=1, description="share of words blanked for a fill mutation (0.5)")
+    use_lengths: bool = Field(True, description="ablation 'w/o Length' when false")
+    use_keywords: bool = Field(True, description="ablation 'w/o Keywords' when false")
+    suppression: bool = Field(True, description="ablation 'w/o Similarity Suppression' when false")
+    max_tokens: PositiveInt = 64
+    temperature: float = Field(1.2, description="paper: 1.2 for generation")
+    top_p: float = 0.95
+    max_attempts: PositiveInt = 3
+
+    @model_validator(mode="after")
+    def _checks(self) -> "DPGAOptions":
+        total = self.elite_fraction + self.mutate_fraction + self.crossover_fraction + self.generate_fraction
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"elite, mutate, crossover and generate fractions must add up to 1 (got {total:g})")
+        if self.budget_svt + self.budget_attributes >= 1:
+            raise ValueError("budget_svt + budget_attributes must leave a share of epsilon for the votes")
+        return self
+
+
+class DPGAState(MethodState):
+    population: list[SyntheticSample] = []
+    initial: list[SyntheticSample] = []
+    keywords: dict[str, list[str]] = {}
+    keyword_weights: dict[str, list[float]] = {}
+    length_edges: list[int] = []
+    length_probs: list[float] = []
+
+
+@register
+class DPGA(Method[DPGAOptions, DPGAState]):
+    name = "dpga"
+    Options = DPGAOptions
+    State = DPGAState
+    summary = "DPGA-TextSyn: DP metadata, subsampled votes, similarity suppression, genetic operators (papers/003)"
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        super().check_config(config)
+        if config.federated is not None:
+            raise ValueError("dpga has no federated mode yet (its metadata would need federated histograms)")
+
+    def iterations(self) -> int:
+        return self.options.generations + 1
+
+    # -- privacy -------------------------------------------------------------------
+    def label_schedule(self) -> Schedule:
+        return Schedule((), ())  # the label histogram is one of this method's own Laplace releases
+
+    def label_release(self) -> tuple[str, int | None] | None:
+        private_labels = self.config.privacy.label_proportions in (None, "dp")
+        return self.release("labels") if private_labels else None
+
+    def schedule(self) -> Schedule:
+        o, p = self.options, self.config.privacy
+        m = records_per_unit(self.config)
+        l1 = histogram_sensitivity(p.adjacency, norm=1, max_records_per_user=m)
+        attributes = [what for what, on in (("labels", self.label_release() is not None),
+                                             ("lengths", o.use_lengths), ("keywords", o.use_keywords)) if on]
+        releases = [Release(f"{self.name}.{what}", None, ATTR, _laplace(l1), l1) for what in attributes]
+        knobs = [Knob(ATTR, share=o.budget_attributes,
+                      description="Laplace scale of the label / length / keyword histograms")] if attributes else []
+        if o.use_lengths:
+            # AboveThreshold: count queries change by at most m records, under add/remove or replacement
+            releases += [Release(f"{self.name}.length_{which}", None, SVT, _svt(float(m)), float(m))
+                         for which in ("max", "min")]
+            knobs.append(Knob(SVT, share=o.budget_svt, description="sparse vector's threshold scale (length range)"))
+        vote_sens = pe_top1_sensitivity(p.adjacency, max_records_per_user=m)
+        releases += [Release(f"{self.name}.votes", t, VOTES, _subsampled(o.sampling_rate, vote_sens), vote_sens)
+                     for t in range(1, o.generations + 1)]
+        knobs.append(Knob(VOTES, guess=None if math.isinf(p.epsilon) else 5.0,
+                          description="Gaussian noise on each subsampled vote release"))
+        return Schedule(tuple(releases), tuple(knobs),
+                        notes=(f"Poisson-subsampled Top-1 votes, q={o.sampling_rate}",))
+
+    # -- the algorithm -------------------------------------------------------------
+    def step(self, ctx: StepContext, state: DPGAState, t: int) -> dict:
+        if t == 0:
+            return self._initial(ctx, state)
+        return self._generation(ctx, state, t)
+
+    def _initial(self, ctx: StepContext, state: DPGAState) -> dict:
+        o = self.options
+        ctx.phase("iteration 0: DP metadata", 0)
+        if o.use_lengths:
+            top = ctx.holder.length_bound("max", o.length_cap, release=self.release("length_max"))
+            low = ctx.holder.length_bound("min", top, release=self.release("length_min"))
+            edges = length_edges(low, top, o.length_bins)
+            noisy = ctx.holder.noisy_length_histogram(edges, release=self.release("lengths"))
+            state.length_edges, state.length_probs = edges, _probabilities(noisy)
+        if o.use_keywords:
+            self._select_keywords(ctx, state)
+        ctx.phase("iteration 0: DP metadata", 1)
+        new, stats = self._expand(ctx, state, 0, elites={}, count=o.n, operators={"generate": 1.0})
+        state.population, state.initial = new, list(new)
+        return {"iteration": 0, "generated": stats, "population": len(new),
+                "length_range": [state.length_edges[0], state.length_edges[-1]] if state.length_edges else None,
+                "keywords": state.keywords, "self_similarity": self_similarity(ctx.embed_synthetic(new))}
+
+    def _select_keywords(self, ctx: StepContext, state: DPGAState) -> None:
+        """Sub-topics from the public label descriptions, kept by the private records' noisy votes."""
+        o, labels = self.options, ctx.task.label_names
+        proposed: dict[str, list[str]] = {c: [] for c in labels}
+        for name, gen in ctx.generators.items():
+            settings = PromptSettings(max_tokens=max(o.max_tokens, 8 * o.keywords_asked), temperature=o.temperature,
+                                      top_p=o.top_p)
+            requests = [build_dpga_request(ctx.task, c, "keywords", chat=gen.chat, count=o.keywords_asked,
+                                           settings=settings, seed=request_seed(self.config.seed, "keywords", name, c))
+                        for c in labels]
+            for c, result in zip(labels, gen.generate(requests)):
+                proposed[c] += [k for k in parse_keywords(result.text) if k not in proposed[c]]
+        for c in labels:
+            proposed[c] = proposed[c] or [c]  # a label no PLM could describe votes on its own name
+        flat = [(c, k) for c in labels for k in proposed[c]]
+        emb = ctx.embed([f"{ctx.task.labels[c]}: {k}" for c, k in flat])
+        ids = np.array([labels.index(c) for c, _ in flat], dtype=np.int64)
+        noisy = ctx.holder.noisy_votes(VoteSpec(kind="rank", weights=(1.0,)), emb, ids,
+                                       release=self.release("keywords"))
+        for c in labels:
+            idx = [i for i, (label, _) in enumerate(flat) if label == c]
+            kept = sorted(idx, key=lambda i: -noisy[i])[: o.keywords_kept]
+            state.keywords[c] = [flat[i][1] for i in kept]
+            state.keyword_weights[c] = _softmax([noisy[i] for i in kept])
+
+    def _generation(self, ctx: StepContext, state: DPGAState, t: int) -> dict:
+        o = self.options
+        pop = state.population
+        ctx.phase(f"iteration {t}: embed + vote + noise", 0)
+        emb = ctx.embed_synthetic(pop)
+        t0 = time.perf_counter()
+        noisy = ctx.holder.noisy_votes(VoteSpec(kind="rank", weights=(1.0,), sampling_rate=o.sampling_rate), emb,
+                                       ctx.label_ids(pop), release=self.release("votes", t))
+        ctx.add_time("voting", t0)
+        ctx.phase(f"iteration {t}: embed + vote + noise", 1)
+        elite_total = max(1, round(o.n * o.elite_fraction))
+        elites: dict[str, list[SyntheticSample]] = {}
+        taus = {}
+        for c, want in zip(ctx.task.label_names, _split(elite_total, list(ctx.label_shares.values()))):
+            idx = [i for i, x in enumerate(pop) if x.label == c]
+            if o.suppression:
+                chosen, taus[c] = select_distinct(noisy[idx], emb[idx], want, o.tau, o.tau_step)
+            else:
+                chosen = list(np.argsort(-noisy[idx], kind="stable")[:want])
+            elites[c] = [pop[idx[i]] for i in chosen]
+        keep = [x for c in ctx.task.label_names for x in elites[c]]
+        operators = {"paraphrase": o.mutate_fraction / 2, "fill_blank": o.mutate_fraction / 2,
+                     "crossover": o.crossover_fraction, "generate": o.generate_fraction}
+        new, stats = self._expand(ctx, state, t, elites=elites, count=o.n - len(keep), operators=operators,
+                                  existing=keep)
+        state.population = keep + new
+        return {"iteration": t, "elites": len(keep), "tau": taus, "generated": stats,
+                "population": len(state.population),
+                "self_similarity": self_similarity(ctx.embed_synthetic(state.population))}
+
+    def _expand(self, ctx: StepContext, state: DPGAState, t: int, *, elites: dict[str, list[SyntheticSample]],
+                count: int, operators: dict[str, float], existing: list[SyntheticSample] | None = None,
+                ) -> tuple[list[SyntheticSample], dict]:
+        """`count` new samples over labels (label shares) and PLMs (equal), each made by one operator."""
+        o, seed, task = self.options, self.config.seed, ctx.task
+        settings = PromptSettings(max_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p)
+        plans = plan_counts(count, {g.display_name: 1.0 for g in self.config.generators}, ctx.label_shares)
+
+        def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
+            out = []
+            for label, n_label in plan.per_label.items():
+                ops = operator_sequence(operators, n_label, request_seed(seed, "dpga.ops", t, plan.plm, label))
+                parents = elites.get(label) or []
+                for j in range(n_label):
+                    rng = np.random.default_rng(request_seed(seed, "dpga", t, plan.plm, label, attempt, j))
+                    op = ops[(j + 7 * attempt) % len(ops)] if parents else "generate"
+                    s = request_seed(seed, "dpga.sample", t, plan.plm, label, attempt, j)
+                    if op in ("paraphrase", "fill_blank"):
+                        parent = parents[int(rng.integers(len(parents)))].text
+                        request = build_variation_request(task, label, parent, chat=chat, kind=op, rng_seed=s,
+                                                          fill_ratio=o.fill_ratio, settings=settings)
+                    elif op == "crossover":
+                        a, b = rng.choice(len(parents), size=2, replace=len(parents) < 2)
+                        request = build_dpga_request(task, label, "crossover", chat=chat, seed=s, settings=settings,
+                                                     first=parents[a].text, second=parents[b].text,
+                                                     words=self._words(state, rng))
+                    else:
+                        request = build_dpga_request(task, label, "generate", chat=chat, seed=s, settings=settings,
+                                                     keyword=self._keyword(state, label, rng),
+                                                     words=self._words(state, rng))
+                    out.append((label, request))
+            return out
+
+        t0 = time.perf_counter()
+        new, stats = generate_samples(t, plans=plans, generators=ctx.generators, existing=existing or [],
+                                      make_requests=make_requests, max_attempts=o.max_attempts,
+                                      on_progress=ctx.generation_progress(t))
+        ctx.add_time("generation", t0)
+        return new, stats
+
+    def _keyword(self, state: DPGAState, label: str, rng: np.random.Generator) -> str:
+        words = state.keywords.get(label)
+        if not words:
+            return label
+        return words[int(rng.choice(len(words), p=state.keyword_weights[label]))]
+
+    def _words(self, state: DPGAState, rng: np.random.Generator) -> int:
+        """A target length drawn from the noisy length histogram (uniform within its bin)."""
+        if not state.length_probs:
+            return 0  # the prompt then asks for at least 3 words and lets the model choose
+        b = int(rng.choice(len(state.length_probs), p=state.length_probs))
+        low, high = state.length_edges[b], state.length_edges[b + 1]
+        return int(rng.integers(low, max(low + 1, high)))
+
+    def final_samples(self, state: DPGAState) -> list[SyntheticSample]:
+        return list(state.population)
+
+    def reference_sets(self, state: DPGAState) -> dict[str, list[SyntheticSample]]:
+        return {"initial": list(state.initial)}
+
+
+# -- parts (pure functions, tested on their own) -----------------------------------------
+def select_distinct(noisy: np.ndarray, emb: np.ndarray, k: int, tau: float, step: float) -> tuple[list[int], float]:
+    """Similarity suppression (Sec. 3.3.2): by noisy votes, high to low, skip candidates more similar than
+    tau to one already chosen; raise tau by `step` until k are chosen. Returns (indices, final tau)."""
+    k = min(k, len(noisy))
+    unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    order = np.argsort(-np.asarray(noisy), kind="stable")
+    while True:
+        chosen: list[int] = []
+        blocked = np.zeros(len(order), dtype=bool)
+        for i in order:
+            if blocked[i]:
+                continue
+            chosen.append(int(i))
+            if len(chosen) == k:
+                return chosen, tau
+            blocked |= unit @ unit[i] > tau
+        if tau >= 1.0:
+            return chosen, tau
+        tau = min(1.0, tau + step)
+
+
+def length_edges(low: int, high: int, bins: int) -> list[int]:
+    """Integer bin edges covering [low, high] with at most `bins` bins (public post-processing of SVT)."""
+    low, high = min(low, high), max(low, high)
+    return sorted({int(round(x)) for x in np.linspace(low, high + 1, min(bins, high - low + 1) + 1)})
+
+
+def parse_keywords(text: str) -> list[str]:
+    """Sub-topics from a PLM's list: one per line, bullets and numbering stripped, 1-6 words."""
+    out = []
+    for line in re.split(r"[\n;]|,(?![^()]*\))", text):
+        k = re.sub(r"^\s*(?:[-*•]|\d+[.)])\s*", "", line).strip(" .\"'`*:")
+        if k and 1 <= len(k.split()) <= 6 and k.lower() not in {x.lower() for x in out}:
+            out.append(k)
+    return out
+
+
+def operator_sequence(operators: dict[str, float], count: int, seed: int) -> list[str]:
+    """`count` operator names in the given proportions (largest remainder), in a seeded random order."""
+    names = [k for k, v in operators.items() if v > 0]
+    counts = _split(max(count, 1), [operators[k] for k in names])
+    ops = [k for k, c in zip(names, counts) for _ in range(c)]
+    np.random.default_rng(seed).shuffle(ops)
+    return ops
+
+
+def self_similarity(emb: np.ndarray, cap: int = 2000) -> float | None:
+    """Mean pairwise cosine similarity of a synthetic set (the paper's Fig. 3); public: synthetic only."""
+    if len(emb) < 2:
+        return None
+    unit = emb[:cap] / np.maximum(np.linalg.norm(emb[:cap], axis=1, keepdims=True), 1e-12)
+    sims = unit @ unit.T
+    n = len(unit)
+    return float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
+
+
+def _split(total: int, shares: list[float]) -> list[int]:
+    from dpsynth.methods.generation import split_count
+
+    return split_count(total, shares)
+
+
+def _probabilities(noisy: np.ndarray) -> list[float]:
+    clipped = np.clip(np.asarray(noisy, dtype=np.float64), 0.0, None)
+    if clipped.sum() <= 0:
+        clipped = np.ones_like(clipped)
+    return (clipped / clipped.sum()).tolist()
+
+
+def _softmax(values: list[float]) -> list[float]:
+    x = np.asarray(values, dtype=np.float64)
+    x = np.exp(x - x.max()) if len(x) else x
+    return (x / x.sum()).tolist() if len(x) else []
+
+
+def _laplace(sensitivity: float):
+    def make(name: str, scale: float) -> PrivacyEvent:
+        return LaplaceEvent(name=name, sensitivity=sensitivity, scale=scale)
+
+    return make
+
+
+def _svt(sensitivity: float):
+    def make(name: str, scale: float) -> PrivacyEvent:
+        return PureDpEvent(name=name, epsilon=2 * sensitivity / scale, mechanism="svt")
+
+    return make
+
+
+def _subsampled(rate: float, sensitivity: float):
+    def make(name: str, sigma: float) -> PrivacyEvent:
+        return SubsampledGaussianEvent(name=name, sampling_rate=rate, noise_multiplier=sigma / sensitivity)
+
+    return make
