@@ -58,3 +58,22 @@ def test_reports_handle_infinite_epsilon(tmp_path: Path) -> None:
     table = markdown_table(rows)
     assert "eps=inf" in table.splitlines()[0] and "60.50 ± 0.71" in table
     assert "accuracy vs epsilon" in html_report(rows, tmp_path, "t")
+
+
+def test_paired_intervals_cover_a_known_difference_and_are_empty_for_identical_methods() -> None:
+    import numpy as np
+
+    from dpsynth.bench.stats import paired_difference, paired_markdown
+
+    rng = np.random.default_rng(0)
+    truth = [rng.random(1500) for _ in range(5)]
+    a = {s: list((t < 0.70).astype(int)) for s, t in enumerate(truth)}  # 70% vs 62% on the same examples
+    b = {s: list((t < 0.62).astype(int)) for s, t in enumerate(truth)}
+    d = paired_difference(a, b)
+    assert d["seeds"] == 5 and d["low"] <= 0.08 <= d["high"] and d["low"] > 0
+    same = paired_difference(a, a)
+    assert same["difference"] == same["low"] == same["high"] == 0.0
+    rows = [{"variant": v, "plms": "x", "epsilon": e, "seed": s, "correct": c[s]}
+            for v, e, c in (("fusegen", None, b), ("wasp", 4.0, a)) for s in range(5)]
+    text = paired_markdown(rows, "fusegen")
+    assert "| wasp | x | 4 | 5 | +7.97 * |" in text

@@ -46,6 +46,8 @@ class BenchConfig(BaseModel):
     epsilons: list[float] = Field(default_factory=lambda: [4.0])
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
     eval_distribution: bool = Field(True, description="FID, MAUVE, precision/recall per cell")
+    baseline: Optional[str] = Field("fusegen", description="variant every other one is compared with, paired "
+                                    "by seed and test example (95% bootstrap intervals)")
 
 
 def load_bench(path: Path) -> BenchConfig:
@@ -136,7 +138,8 @@ def _private_only(cell: dict, config, test) -> dict:
 
     scores = private_only_scores(config, test, seed=cell["seed"])
     return {**_keys(cell), "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
-            "samples": scores["train_size"], "epsilon_spent": None, "note": "private samples, NOT DP (reference)"}
+            "samples": scores["train_size"], "epsilon_spent": None, "note": "private samples, NOT DP (reference)",
+            "correct": scores["correct"]}
 
 
 def _keys(cell: dict) -> dict:
@@ -161,6 +164,7 @@ def _row(cell: dict, cell_dir: RunDir) -> dict:
         "wall_seconds": metrics["timings"]["wall"],
         **_federated_columns(metrics.get("federated")),
         "note": "",
+        "correct": final["probe"].get("correct"),  # per test example (not written to results.csv)
     }
 
 
@@ -175,6 +179,7 @@ def _federated_columns(fed: dict | None) -> dict:
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{k: v for k, v in r.items() if k != "correct"} for r in rows]
     fields = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)

@@ -20,8 +20,9 @@ def probe_scores(
     test_emb: np.ndarray,
     test_labels: Sequence[str],
     seed: int = 0,
-) -> dict[str, float]:
-    """Accuracy and macro-F1 of a logistic-regression probe; chance-level if training has one class."""
+) -> dict:
+    """Accuracy and macro-F1 of a logistic-regression probe (and which test examples it got right, so that
+    methods can be compared paired by test example); chance-level if training has one class."""
     classes = sorted(set(test_labels))
     if len(set(train_labels)) < 2:
         majority = train_labels[0] if len(train_labels) else classes[0]
@@ -31,6 +32,7 @@ def probe_scores(
         clf.fit(train_emb, list(train_labels))
         pred = clf.predict(test_emb)
     return {
+        "correct": [int(p == y) for p, y in zip(pred, test_labels)],  # per test example, for paired intervals
         "accuracy": float(accuracy_score(test_labels, pred)),
         "macro_f1": float(f1_score(test_labels, pred, labels=classes, average="macro", zero_division=0)),
         "train_size": int(len(train_labels)),

@@ -112,6 +112,8 @@ def evaluate_run(
             **distribution_report(emb[idx], texts, test_emb, with_mauve=with_mauve, seed=config["seed"]),
         }
         out["iterations"].append(entry)
+    for entry in out["iterations"][:-1]:
+        entry["probe"].pop("correct")  # kept for the final set only (paired comparisons in bench)
     final = out["iterations"][-1]
     if classifier == "finetune":
         from dpsynth.evaluate.finetune_classifier import finetune_scores

@@ -41,7 +41,9 @@ def evaluate_sets(ctx: StepContext, embedder: Embedder, test: LabelledTexts,
     out: dict[str, Any] = {"classifier": "logistic regression on sentence embeddings"}
     for name, subset in sets.items():
         emb = ctx.embed_synthetic(subset)
-        out[name] = probe_scores(emb, [x.label for x in subset], test_emb, test.labels, seed=seed)
+        scores = probe_scores(emb, [x.label for x in subset], test_emb, test.labels, seed=seed)
+        scores.pop("correct")
+        out[name] = scores
     ctx.add_time("evaluation", t0)
     return out
 
