@@ -48,7 +48,7 @@ def test_loader_formats(tmp_path: Path) -> None:
         assert data.texts == ["a b c", "d e f"] and data.labels == ["spam", "ham"]
 
 
-def prepare_data(cfg) -> None:
+def check_data(cfg) -> None:
     """The data holder's checks, as a run makes them before spending anything."""
     from dpsynth.data.public import task_for
     from dpsynth.methods.registry import method_class
@@ -71,18 +71,18 @@ def _config(tmp_path: Path, rows: str, **privacy) -> dict:
 def test_data_checks_against_task(tmp_path: Path) -> None:
     rows = "text,label\n" + "".join(f"buy now {i},spam\n" for i in range(5))
     with pytest.raises(DpsynthError, match=r"label\(s\) \['ham'\] have no private samples"):
-        prepare_data(parse_config(_config(tmp_path, rows)))
+        check_data(parse_config(_config(tmp_path, rows)))
     rows2 = rows + "hello there,other\n"
     with pytest.raises(DpsynthError, match=r"labels \['other'\] are not described in task.labels"):
-        prepare_data(parse_config(_config(tmp_path, rows2)))
+        check_data(parse_config(_config(tmp_path, rows2)))
     small = "text,label\nbuy,spam\nhi,ham\n"
     cfg = _config(tmp_path, small)
     cfg["wasp"]["q"] = 8
     with pytest.raises(DpsynthError, match="smaller than Q=8"):
-        prepare_data(parse_config(cfg))
+        check_data(parse_config(cfg))
     ok = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(6))
     with pytest.raises(DpsynthError, match="not < 1/M"):
-        prepare_data(parse_config(_config(tmp_path, ok, delta=0.5)))
+        check_data(parse_config(_config(tmp_path, ok, delta=0.5)))
 
 
 def test_config_errors(tmp_path: Path) -> None:
