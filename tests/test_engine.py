@@ -185,3 +185,17 @@ def test_a_methods_step_cannot_reach_a_private_text(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(wasp, "step", step)
     Run.create(parse_config(_config(tmp_path, "wasp")), tmp_path / "run").execute()
     assert len(reached) == 3 and not any(reached)
+
+
+def test_signal_to_noise_is_from_noisy_values_and_advises_when_votes_are_noise() -> None:
+    from dpsynth.cli.runs import signal_lines
+    from dpsynth.private.holder import signal_to_noise
+
+    rng = np.random.default_rng(0)
+    noise_only = signal_to_noise(rng.normal(0, 2.0, size=5000), 2.0)
+    assert noise_only["above_3_noise"] < 0.01
+    strong = signal_to_noise(np.r_[np.full(100, 40.0), rng.normal(0, 2.0, size=100)], 2.0)
+    assert strong["above_3_noise"] >= 0.5 and strong["max_over_noise"] == pytest.approx(20.0)
+    lines = signal_lines([{"releases": {"wasp.votes[iteration=0]": noise_only}}])
+    assert any("most entries are noise" in line for line in lines)
+    assert not any("most entries are noise" in line for line in signal_lines([{"releases": {"r": strong}}]))

@@ -115,6 +115,8 @@ def _print_summary(run_dir: Path, result: dict) -> None:
             row.append(f"{g['kept']} ({sum(g['dropped'].values())})" + (f" / {weight:.3f}" if weight else ""))
         table.add_row(*row)
     console.print(table)
+    for line in signal_lines(metrics["iterations"]):
+        console.print(line)
     for k, u in metrics["usage"].items():
         cost = f", cost {u['cost']:.4f}" if u.get("cost") is not None else ""
         console.print(
@@ -140,3 +142,22 @@ def _print_summary(run_dir: Path, result: dict) -> None:
     share = 1 - t["generator_calls"] / t["wall"] if t["wall"] else 0.0
     console.print(f"wall time {t['wall']:.1f}s; generator calls {t['generator_calls']:.1f}s "
                   f"({share:.1%} of the time outside generator calls)")
+
+
+def signal_lines(iterations: list[dict]) -> list[str]:
+    """Per release: how much of it stands out of its noise, and plain advice when it is mostly noise."""
+    lines, weak = [], False
+    for it in iterations:
+        for name, d in (it.get("releases") or {}).items():
+            if d.get("above_3_noise") is None:
+                continue
+            lines.append(f"  {name}: {d['entries']} entries, {100 * d['above_3_noise']:.1f}% above 3 noise scales, "
+                         f"largest {d['max_over_noise']:.1f} noise scales")
+            weak |= d["above_3_noise"] < 0.02 and d["entries"] > 20
+    if not lines:
+        return []
+    head = ["[bold]signal to noise of the private releases[/bold] (from noisy values only; pure noise gives ~0.1%):"]
+    if weak:
+        lines.append("  most entries are noise: use fewer candidates per release (smaller N per iteration), more "
+                     "private records, a larger epsilon, or votes summed over clusters of candidates")
+    return head + lines

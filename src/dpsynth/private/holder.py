@@ -84,6 +84,7 @@ class ReleasingHolder:
         self.schedule = schedule
         self.knobs = knobs
         self.store = store
+        self.diagnostics: dict[str, dict] = {}  # per release, from its noisy values only (post-processing)
 
     def _release(self, key: ReleaseKey, noisy: Callable[[Release, float], np.ndarray]) -> np.ndarray:
         release = self.schedule.get(*key)
@@ -99,6 +100,7 @@ class ReleasingHolder:
             self.ledger.record(event)  # raises before anything is computed if over budget or repeated
         out = noisy(release, value)
         self.store.save(release.name, event, out)
+        self.diagnostics[release.name] = signal_to_noise(out, value)
         return out.copy()
 
     def _noised(self, release: Release, value: float, clean: np.ndarray) -> np.ndarray:
@@ -208,3 +210,14 @@ def svt_length_bound(lengths: np.ndarray, which: str, cap: int, scale: float | N
     if found is None:
         return cap if which == "max" else 0
     return list(candidates)[found]
+
+
+def signal_to_noise(noisy: np.ndarray, noise: float) -> dict:
+    """How much of a release stands out of its noise, computed from the noisy values and the public noise
+    scale only (post-processing, so it may be shown to anyone): the share of entries above 3 noise
+    scales, which is about 0.1% for pure noise, and the largest entry in noise scales."""
+    noisy = np.asarray(noisy, dtype=np.float64)
+    if noise <= 0 or noisy.size == 0:
+        return {"entries": int(noisy.size), "noise": float(noise), "above_3_noise": None, "max_over_noise": None}
+    return {"entries": int(noisy.size), "noise": float(noise),
+            "above_3_noise": float(np.mean(noisy > 3 * noise)), "max_over_noise": float(noisy.max() / noise)}

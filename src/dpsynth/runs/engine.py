@@ -198,6 +198,9 @@ class Run:
             record = self.method.step(live.ctx, live.state, t)
             if not self.plan.schedule.is_empty:
                 record["epsilon_spent"] = live.ledger.spent().epsilon
+            if live.holder.diagnostics:
+                record["releases"] = dict(live.holder.diagnostics)
+                live.holder.diagnostics.clear()
             rounds = getattr(live.holder, "rounds", None)
             if rounds:
                 record["federated_round"] = rounds.pop()
