@@ -217,3 +217,20 @@ def test_cli_eval_truncated_synthetic(tmp_path: Path) -> None:
     test = _csv(tmp_path, "text,label\nhello,ham\nbuy,spam\n", "test.csv")
     proc = _cli("eval", str(run), "--test", str(test), cwd=tmp_path)
     _one_line_error(proc, f"{run / 'synthetic.jsonl'}, line 3: not valid JSON")
+
+
+def test_settings_that_cannot_work_fail_before_anything_is_spent(tmp_path: Path, monkeypatch, caplog) -> None:
+    from dpsynth.runs.engine import Run
+
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    rows = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(20)) + "m 1,spam\n"
+    raw = _config(tmp_path, rows)
+    raw["generators"] = [{"kind": "fake", "model": "a"}]
+    raw["wasp"] = {"n": 3, "iterations": 2, "q": 2}
+    with pytest.raises(DpsynthError, match="wasp.n=3 leaves an iteration without a sample"):
+        Run.create(parse_config(raw), tmp_path / "run").execute()
+    assert not (tmp_path / "run" / "checkpoints").exists(), "nothing was planned or released"
+    raw["wasp"]["n"] = 8
+    raw["evaluate"] = False
+    Run.create(parse_config(raw), tmp_path / "run2").execute()
+    assert "duplicate rows" in caplog.text and "21" not in caplog.text

@@ -23,6 +23,8 @@ import numpy as np
 from pydantic import Field, PositiveInt
 
 from dpsynth.config import Section, records_per_unit
+from dpsynth.data.records import TaskSpec
+from dpsynth.errors import DpsynthError
 from dpsynth.methods.base import Method, MethodState, PaperFormula, StepContext
 from dpsynth.methods.generation import (
     GenerationPlan,
@@ -99,6 +101,11 @@ class AugPE(Method[AugPEOptions, AugPEState]):
 
     def iterations(self) -> int:
         return self.options.iterations
+
+    def check_task(self, task: TaskSpec) -> None:
+        if self.options.n < len(task.labels):
+            raise DpsynthError(f"augpe.n={self.options.n} is smaller than the number of labels "
+                               f"({len(task.labels)}); raise augpe.n")
 
     def schedule(self) -> Schedule:
         """Votes on population t-1, cast in iterations 1..T-1 (iteration 0 is the random API)."""

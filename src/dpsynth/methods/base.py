@@ -120,6 +120,9 @@ class Method(ABC, Generic[OptionsT, StateT]):
         if cls.one_generator_per_run and len(config.generators) != 1:
             raise ValueError(f"{cls.name} uses exactly one PLM (as in its paper); run it once per PLM")
 
+    def check_task(self, task: TaskSpec) -> None:
+        """Raise DpsynthError for settings that cannot work with this task (checked before anything runs)."""
+
     def release(self, what: str, t: int | None = None) -> tuple[str, int | None]:
         """The key of one of this method's releases, e.g. ('wasp.votes', 2)."""
         return f"{self.name}.{what}", t

@@ -37,6 +37,8 @@ import numpy as np
 from pydantic import Field, PositiveInt, model_validator
 
 from dpsynth.config import RunConfig, Section, records_per_unit
+from dpsynth.data.records import TaskSpec
+from dpsynth.errors import DpsynthError
 from dpsynth.methods.base import Method, MethodState, StepContext
 from dpsynth.methods.generation import (
     GenerationPlan,
@@ -127,6 +129,11 @@ class DPGA(Method[DPGAOptions, DPGAState]):
 
     def iterations(self) -> int:
         return self.options.generations + 1
+
+    def check_task(self, task: TaskSpec) -> None:
+        if round(self.options.n * self.options.elite_fraction) < len(task.labels):
+            raise DpsynthError(f"dpga.n x elite_fraction keeps fewer elites than there are labels "
+                               f"({len(task.labels)}); raise dpga.n")
 
     # -- privacy -------------------------------------------------------------------
     def label_schedule(self) -> Schedule:

@@ -28,6 +28,7 @@ from pydantic import Field, PositiveInt
 
 from dpsynth.config import Section, records_per_unit
 from dpsynth.data.records import TaskSpec
+from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest
 from dpsynth.methods.base import Method, MethodState, PaperFormula, StepContext
 from dpsynth.methods.generation import (
@@ -153,6 +154,12 @@ class Wasp(Method[WaspOptions, WaspState]):
 
     def iterations(self) -> int:
         return self.options.iterations
+
+    def check_task(self, task: TaskSpec) -> None:
+        need = len(task.labels) * self.options.iterations
+        if self.options.n < need:
+            raise DpsynthError(f"wasp.n={self.options.n} leaves an iteration without a sample for some label: "
+                               f"it needs at least labels x iterations = {need}; raise wasp.n")
 
     def sensitivity(self) -> float:
         return wasp_topq_sensitivity(self.options.q, self.config.privacy.adjacency,

@@ -7,6 +7,7 @@ state an exact record count.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,12 @@ def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_r
     if missing:
         raise DpsynthError(
             f"{where}: label(s) {missing} have no private samples; remove them from task.labels or add data")
+    if len(set(zip(private.texts, private.labels))) < len(private):
+        # the exact number stays unsaid: it is a count of private records
+        logging.getLogger("dpsynth").warning(
+            "%s holds duplicate rows: the guarantee is per record, so a person with several identical rows is "
+            "protected only as well as that many records; remove duplicates or set privacy.max_records_per_user",
+            where)
     m = len(private)
     if m < min_records[0]:
         raise DpsynthError(f"{where}: the number of private samples is smaller than {min_records[1]}")

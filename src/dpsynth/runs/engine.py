@@ -119,6 +119,7 @@ class Run:
         self._start = time.perf_counter()
         self._setup_logging()
         task = task_for(cfg)
+        self.method.check_task(task)  # settings that cannot work fail before anything is spent
         knobs = self._knobs()  # checks (or fixes) the privacy plan before anything is released
         saved = self._load_checkpoint()
         if saved is None:
