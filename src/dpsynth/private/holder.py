@@ -18,7 +18,7 @@ import numpy as np
 
 from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import Embedder
-from dpsynth.privacy.events import GaussianEvent, LaplaceEvent, SubsampledGaussianEvent
+from dpsynth.privacy.events import GaussianEvent, LaplaceEvent, PureDpEvent, SubsampledGaussianEvent
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource, above_threshold
 from dpsynth.privacy.schedule import Release, Schedule
@@ -100,7 +100,8 @@ class ReleasingHolder:
             self.ledger.record(event)  # raises before anything is computed if over budget or repeated
         out = noisy(release, value)
         self.store.save(release.name, event, out)
-        self.diagnostics[release.name] = signal_to_noise(out, value)
+        if not isinstance(event, PureDpEvent):  # a sparse-vector answer is a bound, not a noisy count
+            self.diagnostics[release.name] = signal_to_noise(out, value)
         return out.copy()
 
     def _noised(self, release: Release, value: float, clean: np.ndarray) -> np.ndarray:
