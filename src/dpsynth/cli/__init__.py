@@ -11,6 +11,7 @@ from dpsynth.cli.budget import budget
 from dpsynth.cli.evaluate import evaluate
 from dpsynth.cli.runs import demo, run
 from dpsynth.errors import DpsynthError
+from dpsynth.llm.quiet import set_verbose
 
 _typer_app = typer.Typer(
     add_completion=False,
@@ -21,8 +22,14 @@ _typer_app = typer.Typer(
 
 
 @_typer_app.callback()
-def _main() -> None:
+def _main(
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v",
+        help="Keep the model libraries' own output (llama.cpp load logs, transformers progress bars).",
+    ),
+) -> None:
     """Differentially private synthetic text from several language models."""
+    set_verbose(verbose)
 
 
 _typer_app.command("budget")(budget)

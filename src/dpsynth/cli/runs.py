@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,6 +25,22 @@ from dpsynth.fs import RunDir
 from dpsynth.runs.config import load_config, parse_config
 
 console = Console(stderr=False)
+PIPED_MAX_WIDTH = 400  # a table printed to a file or pipe is as wide as its contents, up to this
+
+
+def _print_whole(renderable: RenderableType) -> None:
+    """Print a table without cutting it. A terminal fits it to its window (cells wrap); a file or pipe has no
+    window, and rich's default 80 columns would cut a wide table, so it gets the table's natural width."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    natural = Measurement.get(console, console.options.update_width(PIPED_MAX_WIDTH), renderable).maximum
+    width = console.width
+    console.width = max(width, min(natural, PIPED_MAX_WIDTH))
+    try:
+        console.print(renderable)
+    finally:
+        console.width = width
 
 
 def run(
@@ -103,10 +120,10 @@ def _print_summary(run_dir: Path, result: dict) -> None:
     for line in result["summary"]:
         console.print(f"  {line}")
     table = Table(title="samples and weights per PLM per iteration")
-    table.add_column("iteration")
+    table.add_column("iteration", overflow="fold")
     plms = list(metrics["samples_per_plm"])
     for k in plms:
-        table.add_column(f"{k}: kept (dropped) / weight")
+        table.add_column(f"{k}: kept (dropped) / weight", overflow="fold")
     for it in metrics["iterations"]:
         row = [str(it["iteration"])]
         for k in plms:
@@ -114,7 +131,7 @@ def _print_summary(run_dir: Path, result: dict) -> None:
             weight = it.get("weights_used", {}).get(k)  # only WASP weights its PLMs
             row.append(f"{g['kept']} ({sum(g['dropped'].values())})" + (f" / {weight:.3f}" if weight else ""))
         table.add_row(*row)
-    console.print(table)
+    _print_whole(table)
     for line in signal_lines(metrics["iterations"]):
         console.print(line)
     for k, u in metrics["usage"].items():

@@ -4,18 +4,56 @@ llama.cpp keeps the KV cache of the previous prompt and reuses its longest
 common prefix, so requests are processed in an order that puts identical or
 shared-prefix prompts next to each other; prompts put their shared part
 (task description) first for the same reason.
+
+llama.cpp runs `threads` threads per model (default: every core available to this
+process). Its threads spin while they wait for each other, so two processes (or two
+runs) that together ask for more threads than there are cores slow each other down
+sharply: a model warns once when the machine is already busy as it loads.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+from dpsynth.llm.quiet import c_stderr_captured, verbose
 
 GGUF_MAGIC = b"GGUF"
+log = logging.getLogger(__name__)
+_warned_busy = False
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. under taskset or a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+def warn_if_busy(threads: int) -> None:
+    """Warn once per process when the machine's 1-minute load average exceeds the available cores."""
+    global _warned_busy
+    if _warned_busy:
+        return
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform
+        return
+    cores = available_cores()
+    if load > cores:
+        _warned_busy = True
+        log.warning(
+            "slow generation ahead: the machine is busy (1-minute load average %.1f on %d available core(s)) as a llama.cpp model "
+            "loads with %d thread(s): concurrent generation runs slow each other down (llama.cpp's threads spin "
+            "while they wait when cores are oversubscribed); run one at a time, or share the cores by setting "
+            "`threads:` for each local model in the config's generators (e.g. threads: %d)",
+            load, cores, threads, max(1, cores // 2),
+        )
 
 
 def _check_gguf(path: Path) -> None:
@@ -43,6 +81,7 @@ class LlamaCppGenerator:
         n_ctx: int = 2048,
         n_threads: int | None = None,
     ) -> None:
+        """`n_threads`: CPU threads for generation and prompt processing (default: the available cores)."""
         model_path = Path(model_path)
         if not model_path.is_file():
             raise DpsynthError(f"model file {model_path} does not exist; give the path of a .gguf file")
@@ -53,18 +92,25 @@ class LlamaCppGenerator:
             raise DpsynthError("llama.cpp backend needs llama-cpp-python: pip install 'dpsynth[local]'") from err
         self._path = model_path
         self.name = name or model_path.stem
+        threads = n_threads or available_cores()
+        warn_if_busy(threads)
         try:
-            self._llm = Llama(
-                model_path=str(model_path),
-                n_ctx=n_ctx,
-                n_threads=n_threads or max(1, (os.cpu_count() or 2)),
-                verbose=False,
-            )
+            # verbose=False still lets some C-level lines through (e.g. "llama_kv_cache_iswa: using full-size SWA
+            # cache"): fd 2 is captured while the model loads, and quoted only if loading fails.
+            with c_stderr_captured() as c_lines:
+                self._llm = Llama(
+                    model_path=str(model_path),
+                    n_ctx=n_ctx,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    verbose=verbose(),
+                )
         except ValueError as err:  # llama.cpp's "Failed to load model from file"
+            reason = next((line.strip() for line in reversed(c_lines) if "error" in line.lower()), "")
             raise DpsynthError(
-                f"llama.cpp could not load the model file {model_path} ({err}); it may be damaged or cut short, "
-                "or of an architecture this llama-cpp-python does not know: download it again, or upgrade "
-                "llama-cpp-python"
+                f"llama.cpp could not load the model file {model_path} ({err}{'; ' + reason if reason else ''}); "
+                "it may be damaged or cut short, or of an architecture this llama-cpp-python does not know: "
+                "download it again, or upgrade llama-cpp-python"
             ) from err
         has_template = bool(self._llm.metadata.get("tokenizer.chat_template"))
         self._chat = has_template if chat is None else chat

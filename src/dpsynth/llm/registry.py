@@ -55,7 +55,7 @@ def _llama_cpp(cfg: GeneratorConfig) -> Generator:
 
     path, known_chat = resolve_local_model(cfg.model)
     chat = cfg.chat if cfg.chat is not None else known_chat
-    return LlamaCppGenerator(path, name=cfg.display_name, chat=chat, n_ctx=cfg.n_ctx)
+    return LlamaCppGenerator(path, name=cfg.display_name, chat=chat, n_ctx=cfg.n_ctx, n_threads=cfg.threads)
 
 
 @register_backend("openai")

@@ -3,6 +3,9 @@
 Requests are sampled in left-padded batches. Batches are formed from requests
 in order, and each batch's sampling seed is derived from its requests' seeds,
 so a rerun of the same requests is reproducible.
+
+transformers' info logs and weight-loading progress bars are off unless `dpsynth --verbose`
+(`dpsynth.llm.quiet`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Sequence
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+from dpsynth.llm.quiet import quiet_transformers
 
 
 class TransformersGenerator:
@@ -22,6 +26,7 @@ class TransformersGenerator:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as err:
             raise DpsynthError("the transformers backend needs: pip install 'dpsynth[transformers]'") from err
+        quiet_transformers()
         self._torch = torch
         path = Path(model).expanduser()
         kwargs: dict = {}
