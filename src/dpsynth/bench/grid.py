@@ -105,7 +105,8 @@ def _plm_name(generator: dict) -> str:
 
 
 def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
-             progress: Optional[Callable[[str, int, int], None]] = None) -> list[dict]:
+             progress: Optional[Callable[[str, int, int], None]] = None, run_missing: bool = True) -> list[dict]:
+    """Run (or resume) every cell and collect its row; `run_missing=False` only reports finished cells."""
     from dpsynth.data.public import load_test
     from dpsynth.evaluate.run_eval import evaluate_run
     from dpsynth.runs.engine import Run
@@ -118,8 +119,12 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
         if test is None:
             raise DpsynthError("bench needs a real test set: use data.corpus or data.test")
         if cell["method"] == PRIVATE_ONLY:
+            if not run_missing:
+                continue
             row = _private_only(cell, config, test)
         else:
+            if not cell_dir.is_finished() and not run_missing:
+                continue
             if not cell_dir.is_finished():
                 log(f"running {cell['name']}")
                 runner = (Run.resume(cell_dir.root, progress=progress) if cell_dir.is_started()

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from dpsynth.errors import DpsynthError
+
 
 def majority_line(spec) -> str:
     """The accuracy of always answering the test split's most frequent label (a floor for every row)."""
@@ -26,6 +28,7 @@ def majority_line(spec) -> str:
 def bench(
     config: Path = typer.Argument(..., help="Bench configuration (YAML): base run config, variants, epsilons, seeds."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: bench/<name>)."),
+    run: bool = typer.Option(True, "--run/--report-only", help="--report-only: tables of the finished cells only."),
 ) -> None:
     """Resumable grid; writes results.csv, results.md (Table-1 shape) and report.html."""
     from dpsynth.bench.grid import load_bench, run_grid
@@ -34,7 +37,9 @@ def bench(
 
     spec = load_bench(config)
     out = out or Path("bench") / spec.name
-    rows = run_grid(spec, out, log=typer.echo)
+    rows = run_grid(spec, out, log=typer.echo, run_missing=run)
+    if not rows:
+        raise DpsynthError(f"{out}: no finished cell to report")
     table = markdown_table(rows)
     if spec.baseline and any(r["variant"] == spec.baseline for r in rows):
         table += "\n\n" + paired_markdown(rows, spec.baseline)
