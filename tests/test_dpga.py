@@ -12,7 +12,6 @@ from fakes import FakeGenerator
 
 from dpsynth.methods.dpga import (
     length_edges,
-    operator_sequence,
     parse_keywords,
     select_distinct,
     self_similarity,
@@ -34,7 +33,8 @@ def test_privacy_md_vector(eps: float, sigma: float) -> None:
                                     "budget_attributes": 0.25})
     knobs = plan.calibrate()
     assert knobs["vote_sigma"] == pytest.approx(sigma, rel=5e-3)
-    assert knobs["attribute_scale"] == pytest.approx(3 / (0.25 * eps))  # each histogram (eps_attr/3)-DP
+    for what in ("labels", "lengths", "keywords"):  # each histogram (eps_attr/3)-DP
+        assert knobs[f"{what}_scale"] == pytest.approx(3 / (0.25 * eps))
     assert knobs["svt_scale"] == pytest.approx(2 / (0.125 * eps))  # each SVT run (eps_svt/2)-DP
     kinds = [r.kind for r in plan.schedule.releases]
     assert kinds.count("dpga.votes") == 10 and len(kinds) == 15
@@ -97,12 +97,30 @@ def test_similarity_suppression_skips_near_duplicates_and_raises_tau() -> None:
     chosen, tau = select_distinct(votes[:2], emb[:2], 2, tau=0.5, step=0.1)
     assert chosen == [0, 1] and tau == pytest.approx(1.0)  # tau rose until both could be chosen
     assert self_similarity(emb[:2]) > 0.99 and abs(self_similarity(base)) < 1e-6
+    assert select_distinct(votes, emb, 0, tau=0.5, step=0.01)[0] == []  # a label with no elite keeps none
+
+
+def test_adjacency_user_level_and_ablations_in_the_schedule() -> None:
+    from dpsynth.errors import DpsynthError
+
+    replace = plan_for_method("dpga", epsilon=4, adjacency="replace", options={"generations": 2})
+    votes = [r for r in replace.schedule.releases if r.kind == "dpga.votes"]
+    # the subsampled Gaussian's PLD applies the replace relation itself: it gets one record's own norm
+    assert votes[0].sensitivity == 1.0 and votes[0].event(2.0).noise_multiplier == 2.0
+    assert replace.schedule.by_name("dpga.lengths").sensitivity == 2.0  # an L1 count histogram under replace
+    with pytest.raises(DpsynthError, match="record-level privacy"):
+        plan_for_method("dpga", epsilon=4, max_records_per_user=2, options={"generations": 2})
+    user = plan_for_method("dpga", epsilon=4, max_records_per_user=2, options={"generations": 2, "sampling_rate": 1})
+    assert user.schedule.by_name("dpga.keywords").sensitivity == 2.0
+    full = plan_for_method("dpga", epsilon=4, options={"generations": 2}).calibrate()
+    ablated = plan_for_method("dpga", epsilon=4, options={"generations": 2, "use_keywords": False}).calibrate()
+    assert "keywords_scale" not in ablated and ablated["lengths_scale"] == pytest.approx(full["lengths_scale"])
+    assert ablated["vote_sigma"] < full["vote_sigma"]  # the freed share goes to the votes
 
 
 def test_keywords_are_parsed_from_plm_lists() -> None:
     text = "1. Acting performances\n- plot twists\n* Soundtrack and score\nA very long line that is not a sub-topic at all really"
     assert parse_keywords(text) == ["Acting performances", "plot twists", "Soundtrack and score"]
-    assert sorted(operator_sequence({"a": 0.5, "b": 0.25, "c": 0.25}, 8, seed=3)) == list("aaaabbcc")
     assert length_edges(10, 12, 100) == [10, 11, 12, 13]
 
 

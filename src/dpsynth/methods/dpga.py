@@ -48,6 +48,7 @@ from dpsynth.methods.generation import (
     request_seed,
 )
 from dpsynth.methods.registry import register
+from dpsynth.privacy.accountant import Adjacency
 from dpsynth.privacy.events import (
     LaplaceEvent,
     PrivacyEvent,
@@ -63,7 +64,8 @@ from dpsynth.prompts.builder import (
 )
 from dpsynth.voting.spec import VoteSpec
 
-ATTR, SVT, VOTES = "attribute_scale", "svt_scale", "vote_sigma"
+SVT, VOTES = "svt_scale", "vote_sigma"
+ATTRIBUTES = ("labels", "lengths", "keywords")  # the paper's three Laplace histograms, eps_attr / 3 each
 Operator = Literal["paraphrase", "fill_blank", "crossover", "generate"]
 
 
@@ -126,6 +128,11 @@ class DPGA(Method[DPGAOptions, DPGAState]):
         super().check_config(config)
         if config.federated is not None:
             raise ValueError("dpga has no federated mode yet (its metadata would need federated histograms)")
+        options = config.options(cls.name)
+        if options.sampling_rate < 1 and records_per_unit(config) > 1:
+            # Poisson sampling is per record; a user's records would be sampled separately, which the
+            # subsampled-Gaussian event (one unit kept or dropped whole) does not cover.
+            raise ValueError("dpga.sampling_rate < 1 needs record-level privacy (max_records_per_user: 1)")
 
     def iterations(self) -> int:
         return self.options.generations + 1
@@ -147,17 +154,19 @@ class DPGA(Method[DPGAOptions, DPGAState]):
         o, p = self.options, self.config.privacy
         m = records_per_unit(self.config)
         l1 = histogram_sensitivity(p.adjacency, norm=1, max_records_per_user=m)
-        attributes = [what for what, on in (("labels", self.label_release() is not None),
-                                             ("lengths", o.use_lengths), ("keywords", o.use_keywords)) if on]
-        releases = [Release(f"{self.name}.{what}", None, ATTR, _laplace(l1), l1) for what in attributes]
-        knobs = [Knob(ATTR, share=o.budget_attributes,
-                      description="Laplace scale of the label / length / keyword histograms")] if attributes else []
+        used = {"labels": self.label_release() is not None, "lengths": o.use_lengths, "keywords": o.use_keywords}
+        # each histogram keeps its third of budget_attributes; a disabled one leaves its share to the votes
+        attributes = [what for what in ATTRIBUTES if used[what]]
+        releases = [Release(f"{self.name}.{what}", None, f"{what}_scale", _laplace(l1), l1) for what in attributes]
+        knobs = [Knob(f"{what}_scale", share=o.budget_attributes / len(ATTRIBUTES),
+                      description=f"Laplace scale of the {what} histogram") for what in attributes]
         if o.use_lengths:
             # AboveThreshold: count queries change by at most m records, under add/remove or replacement
             releases += [Release(f"{self.name}.length_{which}", None, SVT, _svt(float(m)), float(m))
                          for which in ("max", "min")]
             knobs.append(Knob(SVT, share=o.budget_svt, description="sparse vector's threshold scale (length range)"))
-        vote_sens = pe_top1_sensitivity(p.adjacency, max_records_per_user=m)
+        # the PLD of a subsampled Gaussian applies the adjacency itself: give it one unit's own norm
+        vote_sens = pe_top1_sensitivity(Adjacency.ADD_REMOVE, max_records_per_user=m)
         releases += [Release(f"{self.name}.votes", t, VOTES, _subsampled(o.sampling_rate, vote_sens), vote_sens)
                      for t in range(1, o.generations + 1)]
         knobs.append(Knob(VOTES, guess=None if math.isinf(p.epsilon) else 5.0,
@@ -208,11 +217,14 @@ class DPGA(Method[DPGAOptions, DPGAState]):
         ids = np.array([labels.index(c) for c, _ in flat], dtype=np.int64)
         noisy = ctx.holder.noisy_votes(VoteSpec(kind="rank", weights=(1.0,)), emb, ids,
                                        release=self.release("keywords"))
+        if len(noisy) != len(flat):  # a resumed run re-asked the PLMs and got other proposals (cache lost)
+            raise DpsynthError("the keyword proposals differ from those the saved keyword release voted on (was "
+                               "the request cache cleared?); the run cannot resume safely: start a new run")
         for c in labels:
             idx = [i for i, (label, _) in enumerate(flat) if label == c]
             kept = sorted(idx, key=lambda i: -noisy[i])[: o.keywords_kept]
             state.keywords[c] = [flat[i][1] for i in kept]
-            state.keyword_weights[c] = _softmax([noisy[i] for i in kept])
+            state.keyword_weights[c] = _probabilities(np.array([noisy[i] for i in kept]))  # share of votes
 
     def _generation(self, ctx: StepContext, state: DPGAState, t: int) -> dict:
         o = self.options
@@ -227,7 +239,8 @@ class DPGA(Method[DPGAOptions, DPGAState]):
         elite_total = max(1, round(o.n * o.elite_fraction))
         elites: dict[str, list[SyntheticSample]] = {}
         taus = {}
-        for c, want in zip(ctx.task.label_names, _split(elite_total, list(ctx.label_shares.values()))):
+        labels = ctx.task.label_names
+        for c, want in zip(labels, _split(elite_total, [ctx.label_shares[c] for c in labels])):
             idx = [i for i, x in enumerate(pop) if x.label == c]
             if o.suppression:
                 chosen, taus[c] = select_distinct(noisy[idx], emb[idx], want, o.tau, o.tau_step)
@@ -254,12 +267,13 @@ class DPGA(Method[DPGAOptions, DPGAState]):
 
         def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
             out = []
+            names = list(operators)
+            probs = np.array([operators[k] for k in names]) / sum(operators.values())
             for label, n_label in plan.per_label.items():
-                ops = operator_sequence(operators, n_label, request_seed(seed, "dpga.ops", t, plan.plm, label))
                 parents = elites.get(label) or []
                 for j in range(n_label):
                     rng = np.random.default_rng(request_seed(seed, "dpga", t, plan.plm, label, attempt, j))
-                    op = ops[(j + 7 * attempt) % len(ops)] if parents else "generate"
+                    op = names[int(rng.choice(len(names), p=probs))] if parents else "generate"
                     s = request_seed(seed, "dpga.sample", t, plan.plm, label, attempt, j)
                     if op in ("paraphrase", "fill_blank"):
                         parent = parents[int(rng.integers(len(parents)))].text
@@ -310,7 +324,10 @@ def select_distinct(noisy: np.ndarray, emb: np.ndarray, k: int, tau: float, step
     """Similarity suppression (Sec. 3.3.2): by noisy votes, high to low, skip candidates more similar than
     tau to one already chosen; raise tau by `step` until k are chosen. Returns (indices, final tau)."""
     k = min(k, len(noisy))
+    if k <= 0:
+        return [], tau
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    sims = unit @ unit.T  # once per call; each pass only compares with a threshold
     order = np.argsort(-np.asarray(noisy), kind="stable")
     while True:
         chosen: list[int] = []
@@ -321,7 +338,7 @@ def select_distinct(noisy: np.ndarray, emb: np.ndarray, k: int, tau: float, step
             chosen.append(int(i))
             if len(chosen) == k:
                 return chosen, tau
-            blocked |= unit @ unit[i] > tau
+            blocked |= sims[i] > tau
         if tau >= 1.0:
             return chosen, tau
         tau = min(1.0, tau + step)
@@ -341,15 +358,6 @@ def parse_keywords(text: str) -> list[str]:
         if k and 1 <= len(k.split()) <= 6 and k.lower() not in {x.lower() for x in out}:
             out.append(k)
     return out
-
-
-def operator_sequence(operators: dict[str, float], count: int, seed: int) -> list[str]:
-    """`count` operator names in the given proportions (largest remainder), in a seeded random order."""
-    names = [k for k, v in operators.items() if v > 0]
-    counts = _split(max(count, 1), [operators[k] for k in names])
-    ops = [k for k, c in zip(names, counts) for _ in range(c)]
-    np.random.default_rng(seed).shuffle(ops)
-    return ops
 
 
 def self_similarity(emb: np.ndarray, cap: int = 2000) -> float | None:
@@ -373,12 +381,6 @@ def _probabilities(noisy: np.ndarray) -> list[float]:
     if clipped.sum() <= 0:
         clipped = np.ones_like(clipped)
     return (clipped / clipped.sum()).tolist()
-
-
-def _softmax(values: list[float]) -> list[float]:
-    x = np.asarray(values, dtype=np.float64)
-    x = np.exp(x - x.max()) if len(x) else x
-    return (x / x.sum()).tolist() if len(x) else []
 
 
 def _laplace(sensitivity: float):

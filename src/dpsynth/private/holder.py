@@ -18,7 +18,12 @@ import numpy as np
 
 from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import Embedder
-from dpsynth.privacy.events import GaussianEvent, LaplaceEvent, PureDpEvent, SubsampledGaussianEvent
+from dpsynth.privacy.events import (
+    GaussianEvent,
+    LaplaceEvent,
+    PureDpEvent,
+    SubsampledGaussianEvent,
+)
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource, above_threshold
 from dpsynth.privacy.schedule import Release, Schedule
@@ -148,7 +153,12 @@ class CentralHolder(ReleasingHolder):
                     release: ReleaseKey) -> np.ndarray:
         def draw(r: Release, value: float) -> np.ndarray:
             # the clean vector (and the subsample) never leave this function
-            keep = self._sample_mask(r, spec.sampling_rate, len(self.__labels))
+            booked = r.event(value if value > 0 else 1.0)
+            rate = booked.sampling_rate if isinstance(booked, SubsampledGaussianEvent) else 1.0
+            if spec.sampling_rate != rate:
+                raise ValueError(f"release {r.name} is accounted at sampling rate {rate:g}, the request asks "
+                                 f"{spec.sampling_rate:g}")
+            keep = self._sample_mask(r, rate, len(self.__labels))
             votes = compute_votes(spec, self._embeddings()[keep], self.__labels[keep], candidates, candidate_labels)
             return self._noised(r, value, votes)
 
