@@ -196,7 +196,7 @@ def test_sigkill_and_resume_gives_the_uninterrupted_run(method: str, workdir: Pa
         _kill_and_resume(workdir, method, trial, milestone, delay)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("method", ["wasp", "augpe"])
 def test_sigkill_at_many_moments_and_resume_gives_the_uninterrupted_run(method: str, workdir: Path) -> None:
     rng = random.Random(int(os.environ.get("DPSYNTH_CRASH_SEED", "2025")))
