@@ -59,7 +59,9 @@ def paired_markdown(rows: list[dict], baseline: str) -> str:
     for t in table:
         eps = "" if t["epsilon"] is None else f"{t['epsilon']:g}"
         sign = " *" if t["low"] > 0 or t["high"] < 0 else ""
+        sign += " †" if t["seeds"] < 2 else ""
         lines.append(f"| {t['variant']} | {t['plms']} | {eps} | {t['seeds']} | {100 * t['difference']:+.2f}{sign} | "
                      f"[{100 * t['low']:+.2f}, {100 * t['high']:+.2f}] |")
-    lines.append("\n* the interval excludes 0.")
+    lines.append("\n* the interval excludes 0. † one seed: the interval covers test-set sampling only, not the "
+                 "seed-to-seed spread, so it cannot carry a conclusion about the method.")
     return "\n".join(lines)
