@@ -234,3 +234,28 @@ def test_settings_that_cannot_work_fail_before_anything_is_spent(tmp_path: Path,
     raw["evaluate"] = False
     Run.create(parse_config(raw), tmp_path / "run2").execute()
     assert "duplicate rows" in caplog.text and "21" not in caplog.text
+
+
+def test_utf8_error_names_the_byte_in_the_whole_file(tmp_path: Path) -> None:
+    from dpsynth.data.loaders import load_labelled
+
+    path = tmp_path / "bad.csv"
+    good = "text,label\n" + "".join(f"a fine message number {i},ham\n" for i in range(60))
+    path.write_bytes(good.encode() + b"caf\xff,ham\n")
+    with pytest.raises(DpsynthError, match=f"at byte {len(good.encode()) + 3}"):
+        load_labelled(path)
+
+
+def test_secagg_clipping_reserve_is_charged_as_one_plus_e_to_the_epsilon() -> None:
+    import math
+
+    from dpsynth.config import FederatedConfig
+    from dpsynth.federated.clipping import CLIP_DELTA_SHARE, accounting_delta, clip_delta
+
+    fed = FederatedConfig(parties=10)
+    for eps in (1.0, 4.0, 8.0):
+        acc, clip = accounting_delta(fed, 1e-5), clip_delta(fed, 1e-5, eps)
+        assert clip == pytest.approx(CLIP_DELTA_SHARE * 1e-5 / (1 + math.exp(eps)))
+        assert acc + (1 + math.exp(eps)) * clip == pytest.approx(1e-5)  # the run is exactly (eps, delta)
+    assert clip_delta(FederatedConfig(parties=10, aggregation="plain"), 1e-5, 4.0) == 0.0
+    assert clip_delta(fed, 1e-5, math.inf) == 0.0

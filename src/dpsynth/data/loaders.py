@@ -25,7 +25,8 @@ def load_labelled(path: str | Path, text_column: str = "text", label_column: str
     try:
         frame = _read(path, kind)
     except UnicodeDecodeError as err:
-        raise DpsynthError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start}); re-save it as UTF-8") from err
+        raise DpsynthError(f"{path}: not valid UTF-8 ({err.reason} at byte {_first_bad_byte(path, err)}); "
+                           "re-save it as UTF-8") from err
     except (ValueError, pd.errors.ParserError, OSError) as err:
         raise DpsynthError(f"{path}: cannot be parsed as {kind} ({str(err).splitlines()[0]})") from err
     for role, column in (("text", text_column), ("label", label_column)):
@@ -52,3 +53,12 @@ def _read(path: Path, kind: str) -> pd.DataFrame:
         return pd.read_json(path, lines=True, encoding="utf-8", dtype=False)
     return pd.read_parquet(path)
 
+
+
+def _first_bad_byte(path: Path, err: UnicodeDecodeError) -> int:
+    """The offset of the first invalid byte in the whole file (the parser reports one within its chunk)."""
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as whole:
+        return whole.start
+    return err.start

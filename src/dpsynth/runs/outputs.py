@@ -18,6 +18,9 @@ from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import privacy_report, write_privacy_report
 
 
+PRIVATE_TIMINGS = ("voting",)  # time inside the data holder's releases, which depends on the private set's size
+
+
 def write_synthetic(run_dir: RunDir, samples: list[SyntheticSample]) -> None:
     lines = [json.dumps({"text": x.text, "label": x.label, "plm": x.plm, "iteration": x.iteration})
              for x in samples]
@@ -61,7 +64,10 @@ def write_metrics(run_dir: RunDir, *, method: str, history: list[dict], samples:
     }
     if federated is not None:
         metrics["federated"] = federated
-    atomic_write_text(run_dir.metrics, json.dumps(metrics, indent=2))
+    # metrics.json is meant to be shared: it leaves out the time spent on private data (it grows with the
+    # number of private records); the caller, the data holder, still gets it in the returned metrics
+    shared = {**metrics, "timings": {k: v for k, v in metrics["timings"].items() if k not in PRIVATE_TIMINGS}}
+    atomic_write_text(run_dir.metrics, json.dumps(shared, indent=2))
     return metrics
 
 
