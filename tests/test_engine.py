@@ -74,6 +74,8 @@ def test_every_method_runs_and_pays_what_budget_plans(method: str, labels: str |
     assert "epsilon spent" in CliRunner().invoke(_typer_app, ["budget", "--config", str(tmp_path / "run.yaml")]).output \
         or method == "fusegen"
     assert (tmp_path / "run" / "synthetic.jsonl").read_text().count("\n") >= 6
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert "voting" not in metrics["timings"], "private-side time (it grows with M) stays out of metrics.json"
 
 
 @pytest.mark.parametrize("crash_after,saved", [(2, 1), (15, 2)],
