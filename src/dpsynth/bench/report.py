@@ -85,7 +85,8 @@ def html_report(rows: list[dict], out_dir: Path, title: str) -> str:
             if not path.exists():
                 continue
             its = json.loads(path.read_text())["iterations"]
-            ys = [e["probe"]["accuracy"] if metric == "accuracy" else e["fid"] for e in its]
+            ys = [e["probe"]["accuracy"] if metric == "accuracy" else (e["fid"] if e["fid"] is not None else np.nan)
+                  for e in its]
             ax.plot([e["up_to_iteration"] for e in its], ys, marker=".", alpha=0.6, label=r["name"])
         ax.set_xlabel("iteration (cumulative samples)")
         ax.set_ylabel(metric)

@@ -18,9 +18,12 @@ from scipy import linalg
 from sklearn.neighbors import NearestNeighbors
 
 
-def fid(a: np.ndarray, b: np.ndarray) -> float:
-    """||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2)); 0 for identical sets."""
+def fid(a: np.ndarray, b: np.ndarray) -> float | None:
+    """||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2)); 0 for identical sets; None for a set of fewer
+    than 2 samples (no covariance: scipy's sqrtm of a NaN matrix can run for many minutes)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if len(a) < 2 or len(b) < 2:
+        return None
     mu_a, mu_b = a.mean(0), b.mean(0)
     cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
     covmean = np.real(linalg.sqrtm(cov_a @ cov_b))

@@ -132,7 +132,7 @@ def summary_rows(result: dict) -> list[str]:
         mauve = f", MAUVE {e['mauve']:.3f}" if "mauve" in e else ""
         lines.append(
             f"iteration <= {e['up_to_iteration']}: n={e['samples']}, accuracy {e['probe']['accuracy']:.4f}, "
-            f"macro-F1 {e['probe']['macro_f1']:.4f}, FID {e['fid']:.4f}{mauve}, precision {e['precision']:.3f}, "
+            f"macro-F1 {e['probe']['macro_f1']:.4f}, FID {_num(e['fid'])}{mauve}, precision {e['precision']:.3f}, "
             f"recall {e['recall']:.3f}, distinct-2 {e['distinct_2']:.3f}"
         )
     ft = result["final"].get("finetuned_encoder")
@@ -141,3 +141,7 @@ def summary_rows(result: dict) -> list[str]:
     return lines
 
 
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
