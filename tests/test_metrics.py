@@ -58,3 +58,11 @@ def test_probe_separable_and_single_class() -> None:
     assert probe_scores(x, y, x, y)["accuracy"] == 1.0
     single = probe_scores(x[:50], y[:50], x, y)
     assert single["accuracy"] == 0.5
+
+
+def test_fid_of_a_single_sample_is_none_not_a_slow_nan() -> None:
+    import numpy as np
+
+    from dpsynth.evaluate.distribution import fid
+
+    assert fid(np.ones((1, 8)), np.random.default_rng(0).random((5, 8))) is None
