@@ -22,10 +22,16 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from dpsynth.config import Section, records_per_unit
+from dpsynth.config import records_per_unit
 from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError
-from dpsynth.methods.base import Method, MethodState, PaperFormula, StepContext
+from dpsynth.methods.base import (
+    Method,
+    MethodState,
+    PaperFormula,
+    SamplingOptions,
+    StepContext,
+)
 from dpsynth.methods.generation import (
     GenerationPlan,
     SyntheticSample,
@@ -38,13 +44,13 @@ from dpsynth.methods.registry import register
 from dpsynth.privacy.calibrate import gaussian_sigma_closed_form
 from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
 from dpsynth.privacy.sensitivity import pe_top1_sensitivity
-from dpsynth.prompts.builder import PromptSettings, build_variation_request
+from dpsynth.prompts.builder import build_variation_request
 from dpsynth.voting.spec import VoteSpec
 
 VOTE_SIGMA = "vote_sigma"
 
 
-class AugPEOptions(Section):
+class AugPEOptions(SamplingOptions):
     """The `augpe:` section: Aug-PE / Private Evolution with one PLM (Xie et al. 2024)."""
 
     n: PositiveInt = Field(600, description="population size; the final population is the output")
@@ -55,10 +61,6 @@ class AugPEOptions(Section):
     selection: Literal["rank", "sample"] = "sample"
     variation: Literal["paraphrase", "fill_blank", "mixed"] = "mixed"
     fill_ratio: float = Field(0.3, gt=0, lt=1)
-    max_tokens: PositiveInt = 64
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_attempts: PositiveInt = 3
 
 
 class AugPEState(MethodState):
@@ -121,7 +123,7 @@ class AugPE(Method[AugPEOptions, AugPEState]):
     def step(self, ctx: StepContext, state: AugPEState, t: int) -> dict:
         a, seed, task = self.options, self.config.seed, ctx.task
         plm = self.config.generators[0].display_name
-        settings = PromptSettings(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p)
+        settings = a.prompt_settings()
         plans = plan_counts(a.n, {plm: 1.0}, ctx.label_shares)
         record: dict = {"iteration": t}
         if t == 0:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Generic, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from dpsynth.config import RunConfig, Section
 from dpsynth.data.records import TaskSpec
@@ -33,6 +33,7 @@ from dpsynth.methods.generation import SyntheticSample
 from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
 from dpsynth.privacy.sensitivity import histogram_sensitivity
 from dpsynth.private.holder import DataHolder
+from dpsynth.prompts.builder import PromptSettings
 
 Progress = Callable[[str, int, int], None]
 LABELS_RELEASE = "labels.histogram"
@@ -55,6 +56,18 @@ class PaperFormula:
     sensitivity: float
     knob: str
     value: float | None = None  # the paper's noise for the run's target epsilon
+
+
+class SamplingOptions(Section):
+    """The sampling settings every generating method's section shares (a method may change a default)."""
+
+    max_tokens: PositiveInt = 64
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_attempts: PositiveInt = Field(3, description="re-asks for samples dropped by cleaning")
+
+    def prompt_settings(self, max_tokens: int | None = None) -> PromptSettings:
+        return PromptSettings(max_tokens=max_tokens or self.max_tokens, temperature=self.temperature, top_p=self.top_p)
 
 
 OptionsT = TypeVar("OptionsT", bound=Section)

@@ -36,10 +36,10 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, PositiveInt, model_validator
 
-from dpsynth.config import RunConfig, Section, records_per_unit
+from dpsynth.config import RunConfig, records_per_unit
 from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError
-from dpsynth.methods.base import Method, MethodState, StepContext
+from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
 from dpsynth.methods.generation import (
     GenerationPlan,
     SyntheticSample,
@@ -58,7 +58,6 @@ from dpsynth.privacy.events import (
 from dpsynth.privacy.schedule import Knob, Release, Schedule
 from dpsynth.privacy.sensitivity import histogram_sensitivity, pe_top1_sensitivity
 from dpsynth.prompts.builder import (
-    PromptSettings,
     build_dpga_request,
     build_variation_request,
 )
@@ -69,7 +68,7 @@ ATTRIBUTES = ("labels", "lengths", "keywords")  # the paper's three Laplace hist
 Operator = Literal["paraphrase", "fill_blank", "crossover", "generate"]
 
 
-class DPGAOptions(Section):
+class DPGAOptions(SamplingOptions):
     """The `dpga:` section. Defaults are the paper's (App. D) unless noted."""
 
     n: PositiveInt = Field(10000, description="population per generation (paper: 10,000)")
@@ -92,10 +91,7 @@ class DPGAOptions(Section):
     use_lengths: bool = Field(True, description="ablation 'w/o Length' when false")
     use_keywords: bool = Field(True, description="ablation 'w/o Keywords' when false")
     suppression: bool = Field(True, description="ablation 'w/o Similarity Suppression' when false")
-    max_tokens: PositiveInt = 64
     temperature: float = Field(1.2, description="paper: 1.2 for generation")
-    top_p: float = 0.95
-    max_attempts: PositiveInt = 3
 
     @model_validator(mode="after")
     def _checks(self) -> "DPGAOptions":
@@ -203,8 +199,7 @@ class DPGA(Method[DPGAOptions, DPGAState]):
         o, labels = self.options, ctx.task.label_names
         proposed: dict[str, list[str]] = {c: [] for c in labels}
         for name, gen in ctx.generators.items():
-            settings = PromptSettings(max_tokens=max(o.max_tokens, 8 * o.keywords_asked), temperature=o.temperature,
-                                      top_p=o.top_p)
+            settings = o.prompt_settings(max_tokens=max(o.max_tokens, 8 * o.keywords_asked))
             requests = [build_dpga_request(ctx.task, c, "keywords", chat=gen.chat, count=o.keywords_asked,
                                            settings=settings, seed=request_seed(self.config.seed, "keywords", name, c))
                         for c in labels]
@@ -262,7 +257,7 @@ class DPGA(Method[DPGAOptions, DPGAState]):
                 ) -> tuple[list[SyntheticSample], dict]:
         """`count` new samples over labels (label shares) and PLMs (equal), each made by one operator."""
         o, seed, task = self.options, self.config.seed, ctx.task
-        settings = PromptSettings(max_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p)
+        settings = o.prompt_settings()
         plans = plan_counts(count, {g.display_name: 1.0 for g in self.config.generators}, ctx.label_shares)
 
         def make_requests(plan: GenerationPlan, attempt: int, chat: bool):

@@ -10,8 +10,7 @@ import time
 
 from pydantic import PositiveInt
 
-from dpsynth.config import Section
-from dpsynth.methods.base import Method, MethodState, StepContext
+from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
 from dpsynth.methods.generation import (
     SyntheticSample,
     generate_samples,
@@ -19,17 +18,12 @@ from dpsynth.methods.generation import (
     zero_shot_requests,
 )
 from dpsynth.methods.registry import register
-from dpsynth.prompts.builder import PromptSettings
 
 
-class FuseGenOptions(Section):
+class FuseGenOptions(SamplingOptions):
     """The `fusegen:` section: zero-shot multi-PLM fusion, no private data (epsilon 0)."""
 
     n: PositiveInt = 600
-    max_tokens: PositiveInt = 64
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_attempts: PositiveInt = 3
 
 
 class FuseGenState(MethodState):
@@ -49,7 +43,7 @@ class FuseGen(Method[FuseGenOptions, FuseGenState]):
 
     def step(self, ctx: StepContext, state: FuseGenState, t: int) -> dict:
         f, seed = self.options, self.config.seed
-        settings = PromptSettings(max_tokens=f.max_tokens, temperature=f.temperature, top_p=f.top_p)
+        settings = f.prompt_settings()
         plms = {g.display_name: 1.0 for g in self.config.generators}
         make_requests = zero_shot_requests(ctx.task, settings, seed, "fusegen")
 

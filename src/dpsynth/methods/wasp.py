@@ -26,11 +26,17 @@ from typing import Sequence
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from dpsynth.config import Section, records_per_unit
+from dpsynth.config import records_per_unit
 from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest
-from dpsynth.methods.base import Method, MethodState, PaperFormula, StepContext
+from dpsynth.methods.base import (
+    Method,
+    MethodState,
+    PaperFormula,
+    SamplingOptions,
+    StepContext,
+)
 from dpsynth.methods.generation import (
     GenerationPlan,
     SyntheticSample,
@@ -48,7 +54,7 @@ from dpsynth.voting.spec import VoteSpec
 VOTE_SIGMA = "vote_sigma"
 
 
-class WaspOptions(Section):
+class WaspOptions(SamplingOptions):
     """The `wasp:` section of a run config."""
 
     n: PositiveInt = Field(6000, description="total synthetic samples over all iterations")
@@ -59,10 +65,6 @@ class WaspOptions(Section):
     plm_weighting: bool = True
     min_weight: float = Field(0.05, ge=0, lt=1, description="floor on every PLM's weight, so none starves")
     samples_per_prompt: PositiveInt = Field(1, description="samples drawn per sampled prompt (prefix reuse)")
-    max_tokens: PositiveInt = 64
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_attempts: PositiveInt = 3
 
 
 class WaspState(MethodState):
@@ -185,7 +187,7 @@ class Wasp(Method[WaspOptions, WaspState]):
 
     def step(self, ctx: StepContext, state: WaspState, t: int) -> dict:
         w, cfg = self.options, self.config
-        settings = PromptSettings(max_tokens=w.max_tokens, temperature=w.temperature, top_p=w.top_p)
+        settings = w.prompt_settings()
         t0 = time.perf_counter()
         plans = plan_counts(iteration_size(w.n, w.iterations, t), state.weights, ctx.label_shares)
 
