@@ -17,7 +17,6 @@ from dpsynth.methods.generation import SyntheticSample
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import privacy_report, write_privacy_report
 
-
 PRIVATE_TIMINGS = ("voting",)  # time inside the data holder's releases, which depends on the private set's size
 
 
