@@ -144,6 +144,23 @@ class FederatedConfig(Section):
         return self.min_parties or self.parties
 
 
+class ResampleConfig(Section):
+    """A final DP resampling stage after any method (papers/001, Algorithm 2; `dpsynth.methods.resample`)."""
+
+    clusters: PositiveInt = Field(4, description="k-means clusters per label; each private record votes for the "
+                                  "nearest of its label's centroids, so bins = clusters x labels")
+    target: Optional[PositiveInt] = Field(None, description="samples out (default: as many as the method wrote)")
+    sigma: Optional[float] = Field(None, gt=0, description="fixed Gaussian noise on the cluster histogram")
+    share: Optional[float] = Field(None, gt=0, lt=1, description="share of epsilon for the histogram (default "
+                                   "0.2 when the method has its own noise to calibrate, else the whole budget)")
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> "ResampleConfig":
+        if self.sigma is not None and self.share is not None:
+            raise ValueError("give resample.sigma or resample.share, not both")
+        return self
+
+
 class RunConfig(BaseModel):
     """Shared sections plus method sections (extra keys, validated by the methods' options models)."""
 
@@ -154,6 +171,7 @@ class RunConfig(BaseModel):
     generators: list[GeneratorConfig] = Field(..., min_length=1)
     privacy: PrivacyConfig = PrivacyConfig()
     federated: Optional[FederatedConfig] = None
+    resample: Optional[ResampleConfig] = None
     embedder: str = DEFAULT_EMBEDDER
     seed: int = 0
     evaluate: bool = True

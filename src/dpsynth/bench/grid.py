@@ -82,7 +82,8 @@ def cells(bench: BenchConfig) -> list[dict]:
         cls = method_class(v.method) if v.method != PRIVATE_ONLY else None
         alone = cls is not None and cls.one_generator_per_run
         plm_sets = [[g] for g in generators] if alone else [generators]
-        private_votes = cls is not None and cls.uses_private_data
+        resamples = _merge(bench.base, v.overrides).get("resample") is not None
+        private_votes = cls is not None and (cls.uses_private_data or resamples)
         epsilons: list[Optional[float]] = list(v.epsilons or bench.epsilons) if private_votes else [None]
         for plms in plm_sets:
             plm_tag = "+".join(_plm_name(g) for g in plms)

@@ -124,7 +124,7 @@ def _print_summary(run_dir: Path, result: dict) -> None:
     plms = list(metrics["samples_per_plm"])
     for k in plms:
         table.add_column(f"{k}: kept (dropped) / weight", overflow="fold")
-    for it in metrics["iterations"]:
+    for it in [i for i in metrics["iterations"] if "generated" in i]:
         row = [str(it["iteration"])]
         for k in plms:
             g = it["generated"].get(k, {"kept": 0, "dropped": {}})
@@ -133,6 +133,8 @@ def _print_summary(run_dir: Path, result: dict) -> None:
         table.add_row(*row)
     _print_whole(table)
     for line in signal_lines(metrics["iterations"]):
+        console.print(line)
+    for line in resample_lines(metrics["iterations"]):
         console.print(line)
     for k, u in metrics["usage"].items():
         cost = f", cost {u['cost']:.4f}" if u.get("cost") is not None else ""
@@ -143,7 +145,8 @@ def _print_summary(run_dir: Path, result: dict) -> None:
     ev = metrics.get("evaluation")
     if ev:
         console.print(f"[bold]downstream accuracy on the real test split[/bold] ({ev['classifier']}):")
-        titles = {"zero_shot": "zero-shot (iteration 0, no private data)"}
+        titles = {"zero_shot": "zero-shot (iteration 0, no private data)",
+                  "before_resampling": "before resampling (the method's own final set)"}
         for key in [k for k in ev if k != "classifier"]:
             s, title = ev[key], titles.get(key, f"{key} (all iterations)")
             console.print(f"  {title}: accuracy {s['accuracy']:.4f}, macro-F1 {s['macro_f1']:.4f} "
@@ -159,6 +162,22 @@ def _print_summary(run_dir: Path, result: dict) -> None:
     share = 1 - t["generator_calls"] / t["wall"] if t["wall"] else 0.0
     console.print(f"wall time {t['wall']:.1f}s; generator calls {t['generator_calls']:.1f}s "
                   f"({share:.1%} of the time outside generator calls)")
+
+
+def resample_lines(iterations: list[dict]) -> list[str]:
+    """The resampling stage: what it kept, and the paper's rule for K read from the noisy histogram."""
+    stage = next((it["resample"] for it in iterations if "resample" in it), None)
+    if stage is None:
+        return []
+    line = (f"[bold]resampling[/bold]: {stage['kept']} of {stage['before']} samples over {stage['bins']} "
+            f"(label, cluster) bins, {stage['duplicated']} drawn twice")
+    ratio = stage.get("votes_per_bin_over_noise")
+    if ratio is None:
+        return [line]
+    advice = (f"; about {ratio:.1f} noise scales of votes per bin (noisy estimate)" +
+              (f": below 3, the histogram is mostly noise; use clusters <= {stage['suggested_clusters']}"
+               if ratio < 3 else ""))
+    return [line + advice]
 
 
 def signal_lines(iterations: list[dict]) -> list[str]:

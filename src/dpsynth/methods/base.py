@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Optional, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
@@ -46,6 +46,7 @@ class MethodState(BaseModel):
     model_config = ConfigDict(extra="forbid")
     next_iteration: int = 0
     history: list[dict] = []
+    resampled: Optional[list[SyntheticSample]] = None  # the final set after a `resample:` stage
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ class Method(ABC, Generic[OptionsT, StateT]):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         """Raise ValueError for settings this method cannot run (called when the config is parsed)."""
-        if config.federated is not None and not cls.uses_private_data:
+        if config.federated is not None and not cls.uses_private_data and config.resample is None:
             raise ValueError(f"{cls.name} uses no private data; it has no federated mode")
         if cls.one_generator_per_run and len(config.generators) != 1:
             raise ValueError(f"{cls.name} uses exactly one PLM (as in its paper); run it once per PLM")

@@ -51,7 +51,7 @@ def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyL
         from dpsynth.federated.holder import FederatedHolder
 
         return FederatedHolder(config.federated, plan.clip_delta, **common)
-    reads = method.uses_private_data or method.label_release() is not None
+    reads = method.uses_private_data or method.label_release() is not None or config.resample is not None
     return open_central_holder(config, task, min_records=method.min_private_records(), load=reads,
                                embedder=embedder, **common)
 

@@ -25,6 +25,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text
 from dpsynth.llm.base import Usage
 from dpsynth.methods.base import MethodState, StepContext
+from dpsynth.methods.resample import RESAMPLE, RESAMPLE_SIGMA, resample_stage
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import summary_lines
 from dpsynth.private.holder import HolderRequests, ReleasingHolder
@@ -195,8 +196,12 @@ class Run:
                                    "the run cannot resume safely")
 
     def _iterate(self, live: _Live) -> dict:
-        for t in range(live.state.next_iteration, self.method.iterations()):
-            record = self.method.step(live.ctx, live.state, t)
+        steps = self.method.iterations() + (self.config.resample is not None)
+        for t in range(live.state.next_iteration, steps):
+            if t < self.method.iterations():
+                record = self.method.step(live.ctx, live.state, t)
+            else:
+                record = self._resample(live, t)
             if not self.plan.schedule.is_empty:
                 record["epsilon_spent"] = live.ledger.spent().epsilon
             if live.holder.diagnostics:
@@ -210,6 +215,19 @@ class Run:
             live.state.next_iteration = t + 1
             self._save_checkpoint(live)
         return self._finish(live)
+
+    def _resample(self, live: _Live, t: int) -> dict:
+        """The final DP resampling stage (`resample:`): one noisy cluster histogram, then post-processing."""
+        ctx, samples = live.ctx, self.method.final_samples(live.state)
+        ctx.phase("resampling to a DP cluster histogram", 0)
+        embeddings = ctx.embed_synthetic(samples)
+        chosen, stats = resample_stage(self.config.resample, samples=samples, embeddings=embeddings,
+                                       label_ids=ctx.label_ids(samples), labels=len(ctx.task.label_names),
+                                       holder=ctx.holder, release=(RESAMPLE, None),
+                                       sigma=live.knobs[RESAMPLE_SIGMA], seed=self.config.seed)
+        live.state.resampled = chosen
+        ctx.phase("resampling to a DP cluster histogram", 1)
+        return {"iteration": t, "resample": stats}
 
     def _setup_logging(self) -> None:
         self.dir.root.mkdir(parents=True, exist_ok=True)
@@ -254,7 +272,8 @@ class Run:
     # -- outputs ------------------------------------------------------------------
     def _finish(self, live: _Live) -> dict:
         cfg, ctx = self.config, live.ctx
-        samples = self.method.final_samples(live.state)
+        before = self.method.final_samples(live.state)
+        samples = live.state.resampled if live.state.resampled is not None else before
         outputs.write_synthetic(self.dir, samples)
         description = self.plan.describe(live.knobs)
         report = outputs.write_privacy(self.dir, live.ledger, live.holder.noise.mode, description)
@@ -262,6 +281,8 @@ class Run:
         if cfg.evaluate and live.test is not None:
             ctx.phase("evaluation on the real test split", 0)
             sets = {cfg.method: samples, **self.method.reference_sets(live.state)}
+            if live.state.resampled is not None:
+                sets["before_resampling"] = before
             evaluation = outputs.evaluate_sets(ctx, live.embedder, live.test, sets, cfg.seed)
             ctx.phase("evaluation on the real test split", 1)
         federated = (outputs.federated_summary(cfg, description, live.state.history)

@@ -1,7 +1,7 @@
 """A run's whole privacy plan from its config: what `dpsynth budget` prints is what the run pays.
 
 The plan is the method's schedule plus the run-level releases (the DP label histogram when
-label proportions are 'dp'), the delta reserved for SecAgg+ clipping, and the assumptions
+label proportions are 'dp', the cluster histogram of a `resample:` stage), the delta reserved for SecAgg+ clipping, and the assumptions
 the guarantee rests on. `calibrate` finds every knob for the target (epsilon, delta) on the
 same accountant the ledger uses.
 """
@@ -15,6 +15,7 @@ from dpsynth.config import RunConfig, noise_parties, records_per_unit
 from dpsynth.federated.clipping import accounting_delta, clip_delta
 from dpsynth.methods.base import Method, PaperFormula
 from dpsynth.methods.registry import method_class
+from dpsynth.methods.resample import resample_schedule
 from dpsynth.privacy.accountant import epsilon_rdp
 from dpsynth.privacy.ledger import Assumptions
 from dpsynth.privacy.schedule import Schedule
@@ -135,13 +136,14 @@ class PrivacyPlan:
 def plan_privacy(config: RunConfig) -> PrivacyPlan:
     """The method's schedule plus its label-proportion release, for this config."""
     method = method_class(config.method)(config)
-    return PrivacyPlan(config, method, method.label_schedule() + method.schedule())
+    schedule = method.label_schedule() + method.schedule()
+    return PrivacyPlan(config, method, schedule + resample_schedule(config, schedule))
 
 
 def plan_for_method(method: str, *, epsilon: float = math.inf, delta: float = 1e-5, options: dict | None = None,
                     adjacency: str = "add_remove", max_records_per_user: int = 1,
                     label_proportions: str | None = None, parties: int = 1,
-                    min_parties: int | None = None) -> PrivacyPlan:
+                    min_parties: int | None = None, resample: dict | None = None) -> PrivacyPlan:
     """The plan of a run of `method` with these settings, without a data set (for `dpsynth budget`).
 
     epsilon = inf plans the releases without calibrating them (give the noise instead).
@@ -157,6 +159,8 @@ def plan_for_method(method: str, *, epsilon: float = math.inf, delta: float = 1e
                     "max_records_per_user": max_records_per_user,
                     **({"label_proportions": label_proportions} if label_proportions else {})},
     }
+    if resample is not None:
+        raw["resample"] = resample
     if parties > 1:
         raw["federated"] = {"parties": parties, "min_parties": min_parties, "partition": "iid",
                             "max_records_per_party": max(64, max_records_per_user)}

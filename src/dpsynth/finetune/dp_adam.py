@@ -1,0 +1,207 @@
+"""DP-Adam on a LoRA adapter: Poisson sampling, per-example clipping and Gaussian noise (Opacus), resumable.
+
+Each step is one Poisson-subsampled Gaussian release: every example joins the batch
+independently with probability `sampling_rate` (we sample, not a shuffled fixed-size loader,
+because the accounting assumes Poisson sampling), Opacus clips each example's gradient to
+`clip_norm`, sums them and adds N(0, (noise_multiplier * clip_norm)^2) per coordinate, and Adam
+steps on that noisy sum. An empty batch is a valid step: the noise is still added and Adam still
+steps, otherwise the batch size would show in the output.
+
+Why `expected_batch_size` is not the number of examples: Opacus divides the noisy sum by it for
+`loss_reduction="mean"`, and the number of examples is private. We use `loss_reduction="sum"`
+(expected batch size 1, a public constant): Adam's update m / (sqrt(v) + eps) is invariant to a
+constant rescaling of the gradient (up to eps), so averaging would change nothing anyway.
+
+Everything random is seeded from `settings.seed` and the step index (sampling, noise, LoRA
+dropout), so a run resumed from a checkpoint takes exactly the steps the uninterrupted run would
+have. A checkpoint holds only DP-trained state (adapter, Adam's moments, the step) and a hash of
+the settings: never texts, per-example gradients or the number of examples. Nothing about the
+data is logged; `on_step` receives only the norm of the *noisy* gradient (post-processing of
+the release).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from opacus import GradSampleModule
+from opacus.optimizers import DPOptimizer
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpsynth.errors import DpsynthError
+from dpsynth.finetune.examples import encode_examples, sequence_losses
+from dpsynth.finetune.model import adapter_vector, load_adapter_vector, trainable_parameters
+from dpsynth.fs import atomic_write_bytes
+
+CHECKPOINT_FILE = "dp_adam.pt"
+_SAMPLING, _NOISE, _DROPOUT = 0, 1, 2  # independent random streams per step
+
+
+class TrainSettings(BaseModel):
+    """The DP training schedule; all public (the privacy accountant sees the same numbers).
+
+    `seed` drives the Poisson sampling and the noise: it must stay secret (not in a published
+    config) when the guarantee matters, since whoever knows it can regenerate the noise.
+    `noise_multiplier=0` trains without privacy, for references and tests only.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: int = Field(ge=1)
+    sampling_rate: float = Field(gt=0.0, le=1.0)
+    noise_multiplier: float = Field(ge=0.0)
+    clip_norm: float = Field(gt=0.0)
+    learning_rate: float = Field(gt=0.0)
+    max_length: int = Field(ge=2)
+    seed: int = Field(ge=0)
+    checkpoint_every: int = Field(default=10, ge=1)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines the trained adapter (how often it is saved does not)."""
+        payload = self.model_dump_json(exclude={"checkpoint_every"})
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def poisson_batch(n: int, sampling_rate: float, seed: int, step: int) -> np.ndarray:
+    """Indices of the examples in step `step`'s batch: each joins independently with probability `sampling_rate`."""
+    rng = np.random.default_rng([seed, step, _SAMPLING])
+    return np.flatnonzero(rng.random(n) < sampling_rate)
+
+
+def train_adapter(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: list[str],
+    texts: list[str],
+    settings: TrainSettings,
+    *,
+    checkpoint_dir: Path | None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> np.ndarray:
+    """Train the model's LoRA adapter in place with DP-Adam; returns the trained adapter vector.
+
+    Resumes from `checkpoint_dir` when it holds a checkpoint of the same settings, and refuses
+    one of other settings. `on_step(step, noisy_grad_norm)` is called after each step (1-based,
+    after that step's checkpoint is written). The model is returned to its own train/eval mode
+    and free of Opacus hooks, even when a step fails.
+    """
+    if len(prompts) != len(texts):
+        raise ValueError("prompts and texts differ in length")
+    params = [p for _, p in trainable_parameters(model)]
+    if not params:
+        raise DpsynthError("the model has no trainable parameters: add a LoRA adapter first")
+    adam = torch.optim.Adam(params, lr=settings.learning_rate)
+    checkpoint = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
+    start = _restore(checkpoint, settings, model, adam) if checkpoint is not None and checkpoint.exists() else 0
+    if start >= settings.steps:
+        return adapter_vector(model)
+
+    encoded = encode_examples(tokenizer, prompts, texts, settings.max_length)
+    noise = torch.Generator()
+    was_training = model.training
+    gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+    optimizer = DPOptimizer(
+        adam,
+        noise_multiplier=settings.noise_multiplier,
+        max_grad_norm=1e9,
+        expected_batch_size=1,
+        loss_reduction="sum",
+        generator=noise,
+    )
+    gsm.train()
+    try:
+        for step in range(start, settings.steps):
+            batch = poisson_batch(len(prompts), settings.sampling_rate, settings.seed, step)
+            noise.manual_seed(_stream_seed(settings.seed, step, _NOISE))
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(_stream_seed(settings.seed, step, _DROPOUT))
+                grad_norm = _dp_step(gsm, optimizer, params, encoded, batch)
+            done = step + 1
+            if checkpoint is not None and (done % settings.checkpoint_every == 0 or done == settings.steps):
+                _save(checkpoint, settings, model, adam, done)
+            if on_step is not None:
+                on_step(done, grad_norm)
+    finally:
+        _unwrap(gsm, optimizer)
+        model.train(was_training)
+    return adapter_vector(model)
+
+
+def _dp_step(
+    gsm: GradSampleModule,
+    optimizer: DPOptimizer,
+    params: list[torch.nn.Parameter],
+    encoded: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    batch: np.ndarray,
+) -> float:
+    """One clipped, noised Adam step on `batch`; returns the norm of the noisy gradient sum."""
+    optimizer.zero_grad()
+    if len(batch) == 0:
+        # No forward pass, so no hook sets per-example gradients: an empty set of them lets
+        # Opacus clip nothing, add the noise to a zero sum and step.
+        for p in params:
+            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype)
+    else:
+        index = torch.from_numpy(batch)
+        input_ids, attention_mask, loss_mask = (t[index] for t in encoded)
+        width = int(attention_mask.sum(dim=1).max())  # right padding: trim to this batch's longest
+        losses = sequence_losses(gsm, input_ids[:, :width], attention_mask[:, :width], loss_mask[:, :width])
+        with warnings.catch_warnings():
+            # Expected: the first layer's LoRA input (frozen embeddings) needs no gradient, and
+            # Opacus' full backward hook only needs the gradient of the module's output.
+            warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+            losses.sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        return float(torch.sqrt(sum(p.grad.pow(2).sum() for p in params)))
+
+
+def _unwrap(gsm: GradSampleModule, optimizer: DPOptimizer) -> None:
+    """Remove Opacus' hooks and every un-noised quantity it attached to the model.
+
+    The clipped gradient sum (`summed_grad`) and, after a failed step, stored activations are
+    functions of private examples without noise: they must not outlive training on the model.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    for module in gsm.to_standard_module().modules():
+        if hasattr(module, "activations"):
+            del module.activations
+
+
+def _stream_seed(seed: int, step: int, stream: int) -> int:
+    return int(np.random.SeedSequence([seed, step, stream]).generate_state(1, np.uint64)[0])
+
+
+def _save(path: Path, settings: TrainSettings, model: torch.nn.Module, adam: torch.optim.Optimizer, step: int) -> None:
+    """One file, written atomically: DP-trained state only (adapter, Adam's moments, step) and the settings hash."""
+    state = {
+        "settings": settings.fingerprint(),
+        "step": step,
+        "adapter": torch.from_numpy(adapter_vector(model)),
+        "adam": adam.state_dict(),
+    }
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _restore(path: Path, settings: TrainSettings, model: torch.nn.Module, adam: torch.optim.Optimizer) -> int:
+    """Load a checkpoint of these settings into the model and Adam; returns the number of steps it holds."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError) as err:
+        raise DpsynthError(f"cannot read training checkpoint {path}: {str(err).splitlines()[0]}") from err
+    if state.get("settings") != settings.fingerprint():
+        raise DpsynthError(
+            f"training checkpoint {path} was written with other training settings; "
+            "remove it or train into another directory"
+        )
+    load_adapter_vector(model, state["adapter"].numpy())
+    adam.load_state_dict(state["adam"])
+    return int(state["step"])
