@@ -25,8 +25,9 @@ from __future__ import annotations
 import hashlib
 import io
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,7 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpsynth.errors import DpsynthError
 from dpsynth.finetune.examples import encode_examples, sequence_losses
-from dpsynth.finetune.model import adapter_vector, load_adapter_vector, trainable_parameters
+from dpsynth.finetune.model import (
+    adapter_vector,
+    load_adapter_vector,
+    trainable_parameters,
+)
 from dpsynth.fs import atomic_write_bytes
 
 CHECKPOINT_FILE = "dp_adam.pt"
@@ -109,7 +114,7 @@ def train_adapter(
     optimizer = DPOptimizer(
         adam,
         noise_multiplier=settings.noise_multiplier,
-        max_grad_norm=1e9,
+        max_grad_norm=settings.clip_norm,
         expected_batch_size=1,
         loss_reduction="sum",
         generator=noise,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsynth.finetune.model import add_lora, adapter_hash, load_adapter_vector
+from dpsynth.finetune.model import adapter_hash, add_lora, load_adapter_vector
 from dpsynth.llm.transformers_backend import TransformersGenerator
 
 
