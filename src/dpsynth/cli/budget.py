@@ -36,6 +36,10 @@ def budget(
     parties: int = typer.Option(1, "--parties", help="Federated: number of data parties (secure aggregation)."),
     min_parties: Optional[int] = typer.Option(None, "--min-parties", help="Fewest parties a round may finish with."),
     adjacency: Adjacency = typer.Option(Adjacency.ADD_REMOVE, "--adjacency"),
+    resample_sigma: Optional[float] = typer.Option(None, "--resample-sigma",
+                                                   help="Add a resampling stage with this histogram sigma."),
+    resample_share: Optional[float] = typer.Option(None, "--resample-share",
+                                                   help="Add a resampling stage with this share of epsilon."),
 ) -> None:
     """Calibrate the noise for a target epsilon, or compute the epsilon of a vote sigma."""
     if config is not None:
@@ -64,8 +68,15 @@ def budget(
         options[key.strip()] = value.strip()
     plan = plan_for_method(method, epsilon=epsilon if epsilon is not None else math.inf, delta=delta,
                            options=options, adjacency=adjacency.value, max_records_per_user=max_records_per_user,
-                           label_proportions=label_proportions, parties=parties, min_parties=min_parties)
+                           label_proportions=label_proportions, parties=parties, min_parties=min_parties,
+                           resample=_resample(resample_sigma, resample_share))
     _print(plan, sigma)
+
+
+def _resample(sigma: float | None, share: float | None) -> dict | None:
+    if sigma is None and share is None:
+        return None
+    return {k: v for k, v in (("sigma", sigma), ("share", share)) if v is not None}
 
 
 def _print(plan: PrivacyPlan, vote_sigma: float | None) -> None:

@@ -91,9 +91,11 @@ def _execute(config: RunConfig | None, run_dir: Path) -> None:
         tasks: dict[str, int] = {}
 
         def report(what: str, done: int, total: int) -> None:
-            if what not in tasks:
-                tasks[what] = progress.add_task(what, total=total)
-            progress.update(tasks[what], completed=done, total=max(total, done))
+            # "phase: details" updates one bar per phase (e.g. the DP training's epsilon so far)
+            phase = what.split(": ", 1)[0] if what.startswith("DP ") else what
+            if phase not in tasks:
+                tasks[phase] = progress.add_task(what, total=total)
+            progress.update(tasks[phase], completed=done, total=max(total, done), description=what)
 
         runner = Run.resume(run_dir, progress=report) if config is None else Run.create(
             config, run_dir, progress=report

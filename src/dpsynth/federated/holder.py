@@ -15,6 +15,7 @@ import numpy as np
 
 from dpsynth.config import FederatedConfig
 from dpsynth.errors import DpsynthError
+from dpsynth.finetune.request import AdapterTraining
 from dpsynth.federated.clipping import clip_range
 from dpsynth.federated.flower_secagg import (
     FlowerAggregator,
@@ -63,6 +64,10 @@ class FederatedHolder(ReleasingHolder):
 
     def length_bound(self, which: str, cap: int, *, release: ReleaseKey) -> int:
         raise DpsynthError("sparse-vector length bounds have no federated form yet")
+
+    def train_adapter(self, request: AdapterTraining, *, release: ReleaseKey, on_step=None) -> np.ndarray:
+        raise DpsynthError("DP fine-tuning has no federated form yet (federated DP-FedAvg is the resource-adaptive "
+                           "method's first stage)")
 
     def _round(self, release: Release, sigma: float, spec: VoteSpec, candidates: np.ndarray,
                labels: np.ndarray) -> np.ndarray:

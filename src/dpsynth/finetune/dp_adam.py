@@ -68,8 +68,11 @@ class TrainSettings(BaseModel):
     checkpoint_every: int = Field(default=10, ge=1)
 
     def fingerprint(self) -> str:
-        """Hash of everything that determines the trained adapter (how often it is saved does not)."""
-        payload = self.model_dump_json(exclude={"checkpoint_every"})
+        """Hash of the training schedule a checkpoint belongs to. Neither how often it is saved nor the
+        seed is in it: the seed is secret (no artifact may depend on it), and a data holder that draws a
+        fresh secret seed when it resumes continues the same schedule with fresh randomness, which is
+        as private (the remaining steps are still independent Poisson samples with fresh noise)."""
+        payload = self.model_dump_json(exclude={"checkpoint_every", "seed"})
         return hashlib.sha256(payload.encode()).hexdigest()
 
 

@@ -18,12 +18,14 @@ import numpy as np
 
 from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import Embedder
+from dpsynth.finetune.request import AdapterTraining
 from dpsynth.privacy.events import (
     GaussianEvent,
     LaplaceEvent,
     PureDpEvent,
     SubsampledGaussianEvent,
 )
+from dpsynth.privacy.accountant import epsilon_pld
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource, above_threshold
 from dpsynth.privacy.schedule import Release, Schedule
@@ -31,6 +33,7 @@ from dpsynth.private.releases import ReleaseStore
 from dpsynth.voting.spec import VoteSpec, compute_votes
 
 ReleaseKey = tuple[str, "int | None"]
+StepReport = Callable[[int, float, float], None]  # (step, noisy gradient norm, epsilon spent so far)
 
 
 class DataHolder(Protocol):
@@ -53,6 +56,11 @@ class DataHolder(Protocol):
         """A DP estimate of the longest ('max') or shortest ('min') private text, by sparse vector."""
         ...
 
+    def train_adapter(self, request: AdapterTraining, *, release: ReleaseKey,
+                      on_step: StepReport | None = None) -> np.ndarray:
+        """A LoRA adapter trained with DP-SGD on the private records (its flat parameter vector)."""
+        ...
+
 
 class HolderRequests:
     """What a method's step gets: the holder's requests, and nothing else (no ledger, no store, no records).
@@ -61,7 +69,7 @@ class HolderRequests:
     this object leads to the holder's state; only the noisy results come back.
     """
 
-    __slots__ = ("noisy_votes", "noisy_label_counts", "noisy_length_histogram", "length_bound")
+    __slots__ = ("noisy_votes", "noisy_label_counts", "noisy_length_histogram", "length_bound", "train_adapter")
 
     def __init__(self, holder: DataHolder) -> None:
         for name in self.__slots__:
@@ -121,6 +129,21 @@ class ReleasingHolder:
         if isinstance(event, (GaussianEvent, SubsampledGaussianEvent)):
             return clean + rng.normal(0.0, value, size=clean.shape)
         raise TypeError(f"release {release.name}: {type(event).__name__} is not an additive noise mechanism")
+
+    def _step_report(self, release: Release, value: float, on_step: StepReport) -> Callable[[int, float], None]:
+        """Progress of a DP-SGD release: step, noisy gradient norm (DP), and the run's epsilon so far
+        (the ledger already holds the whole release; this accounts only the steps done)."""
+        before = [e for e in self.ledger.events if e.name != release.name]
+        event = release.event(value) if value > 0 else None
+        last = {"step": 0, "epsilon": 0.0}
+
+        def report(step: int, grad_norm: float) -> None:
+            if event is not None and (step - last["step"] >= 10 or step == event.count or step == 1):
+                so_far = event.model_copy(update={"count": step})
+                last.update(step=step, epsilon=epsilon_pld([*before, so_far], self.ledger.delta, self.ledger.adjacency))
+            on_step(step, grad_norm, last["epsilon"] if event is not None else float("inf"))
+
+        return report
 
     def _sample_mask(self, release: Release, rate: float, n: int) -> np.ndarray:
         """Poisson subsample for a release: secret (drawn from the release's noise stream), never stored."""
@@ -183,6 +206,25 @@ class CentralHolder(ReleasingHolder):
             return np.array([svt_length_bound(self._lengths(), which, cap, scale, self.noise.stream(r.name))])
 
         return int(self._release(release, draw)[0])
+
+    def train_adapter(self, request: AdapterTraining, *, release: ReleaseKey,
+                      on_step: StepReport | None = None) -> np.ndarray:
+        from dpsynth.private.training import train_on_records
+
+        def draw(r: Release, value: float) -> np.ndarray:
+            booked = r.event(value if value > 0 else 1.0)
+            if not isinstance(booked, SubsampledGaussianEvent) or (booked.sampling_rate, booked.count) != (
+                    request.sampling_rate, request.steps):
+                raise ValueError(f"release {r.name} is not accounted as {request.steps} Poisson-subsampled steps "
+                                 f"at rate {request.sampling_rate:g}")
+            # secret: drawn from the release's noise stream (OS entropy unless privacy.noise_seed), never stored
+            seed = int(self.noise.stream(f"{r.name}/seed").integers(2**62))
+            report = None if on_step is None else self._step_report(r, value, on_step)
+            return train_on_records(request, list(self.__private.texts), list(self.__private.labels),
+                                    noise_multiplier=value, seed=seed, work_dir=self.store.work_dir(r.name),
+                                    on_step=report)
+
+        return self._release(release, draw)
 
     def _lengths(self) -> np.ndarray:
         return np.array([text_length(t) for t in self.__private.texts], dtype=np.int64)

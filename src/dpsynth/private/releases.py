@@ -9,27 +9,40 @@ Only noisy values are stored: they are DP releases, as safe as the selections ma
 An un-noised release (epsilon = inf reference runs) is recorded by name only; its values are
 recomputed on resume (that costs nothing: the run is not private anyway), so clean values of
 private records are never written.
+
+Large releases (a DP-trained adapter: about a million numbers) keep their values in a `.npy` file
+beside the JSON, written first, so the JSON (written last, atomically) marks the release as done.
+A release that takes long to compute (DP training) keeps its partial state in `work_dir(name)`;
+that state is itself DP (it is what the noisy steps so far produced) and is removed once the
+release is saved.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 from pydantic import TypeAdapter
 
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import atomic_write_text
+from dpsynth.fs import atomic_write_bytes, atomic_write_text
 from dpsynth.privacy.events import PrivacyEvent
 from dpsynth.privacy.ledger import PrivacyLedger
 
 _EVENT = TypeAdapter(PrivacyEvent)
+LARGE = 4096  # values beyond this many go to a binary .npy file
+
+
+def _stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)
 
 
 def _file_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name) + ".json"
+    return _stem(name) + ".json"
 
 
 class ReleaseStore:
@@ -49,7 +62,7 @@ class ReleaseStore:
             for data, path in sorted(loaded, key=lambda item: item[0].get("seq", 0)):  # in release order
                 try:
                     event = None if data["event"] is None else _EVENT.validate_python(data["event"])
-                    values = None if data["values"] is None else np.asarray(data["values"], dtype=np.float64)
+                    values = _load_values(data, path)
                     self._saved[data["name"]] = (event, values)
                 except (ValueError, KeyError) as err:
                     raise DpsynthError(f"{path}: damaged release checkpoint ({err}); the run cannot resume "
@@ -72,8 +85,18 @@ class ReleaseStore:
         if self.root is not None:
             payload = {"name": name, "seq": len(self._saved),
                        "event": None if event is None else _EVENT.dump_python(event, mode="json"),
-                       "values": None if kept is None else kept.tolist()}
+                       "values": None if kept is None or kept.size > LARGE else kept.tolist()}
+            if kept is not None and kept.size > LARGE:
+                buffer = io.BytesIO()
+                np.save(buffer, kept)
+                atomic_write_bytes(self.root / (_stem(name) + ".npy"), buffer.getvalue())
+                payload["values_file"] = _stem(name) + ".npy"
             atomic_write_text(self.root / _file_name(name), json.dumps(payload))
+            shutil.rmtree(self.work_dir(name), ignore_errors=True)
+
+    def work_dir(self, name: str) -> Path | None:
+        """Where a long release keeps its partial (DP) state until it is saved (None: in memory only)."""
+        return None if self.root is None else self.root / (_stem(name) + ".partial")
 
     def restore_into(self, ledger: PrivacyLedger) -> list[str]:
         """Add saved releases the ledger does not know yet (a crash after a release, before a checkpoint)."""
@@ -88,3 +111,9 @@ class ReleaseStore:
                 ledger.record(event)
             added.append(name)
         return added
+
+
+def _load_values(data: dict, path: Path) -> np.ndarray | None:
+    if data.get("values_file"):
+        return np.load(path.parent / data["values_file"], allow_pickle=False).astype(np.float64)
+    return None if data["values"] is None else np.asarray(data["values"], dtype=np.float64)

@@ -1,0 +1,187 @@
+"""DP fine-tuned generator (papers/001, Algorithm 1; Yue et al. 2023): DP-Adam on a LoRA adapter of
+a local PLM, then sampling from it, optionally followed by the `resample:` stage (Algorithm 2).
+
+iteration 0: the data holder trains the adapter on (control prompt of the record's label, text)
+             with Poisson sampling, per-example clipping and Gaussian noise (Opacus); the whole
+             training is one release on the run's ledger: `steps` Poisson-subsampled Gaussian
+             steps at rate q, noise multiplier z calibrated for the run's (epsilon, delta)
+             jointly with the other releases (e.g. the resampling histogram).
+iteration 1: N samples from the fine-tuned model, label mix from the run's label proportions,
+             through the request cache (the model id carries the adapter's hash).
+
+The privacy unit is one record: user-level DP-SGD would need user-level sampling, which this
+method does not implement, so `privacy.max_records_per_user` must be 1.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic import Field, PositiveInt
+
+from dpsynth.config import RunConfig
+from dpsynth.data.records import TaskSpec
+from dpsynth.errors import DpsynthError
+from dpsynth.finetune.examples import control_prompt
+from dpsynth.finetune.request import AdapterTraining
+from dpsynth.llm.base import GenerationRequest
+from dpsynth.llm.cache import CachedGenerator
+from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
+from dpsynth.methods.generation import (
+    GenerationPlan,
+    SyntheticSample,
+    generate_samples,
+    plan_counts,
+    request_seed,
+)
+from dpsynth.methods.registry import register
+from dpsynth.privacy.events import PrivacyEvent, SubsampledGaussianEvent
+from dpsynth.privacy.schedule import Knob, Release, Schedule
+
+NOISE_MULTIPLIER = "noise_multiplier"
+LOCAL_KINDS = ("llama_cpp", "transformers")
+
+
+class DpftOptions(SamplingOptions):
+    """The `dpft:` section: DP-Adam on a LoRA adapter of the one local PLM, then N samples from it."""
+
+    n: PositiveInt = Field(240, description="samples to generate from the fine-tuned model")
+    steps: PositiveInt = Field(60, description="DP-Adam steps (each a Poisson sample of the records)")
+    sampling_rate: float = Field(0.25, gt=0, le=1, description="q: each record joins each step with this "
+                                 "probability (expected batch = q x records)")
+    clip_norm: float = Field(1.0, gt=0, description="per-example gradient L2 bound")
+    learning_rate: float = Field(3e-3, gt=0)
+    lora_r: PositiveInt = 8
+    lora_alpha: PositiveInt = 16
+    max_length: int = Field(64, ge=8, description="tokens per training sequence (control prompt + text)")
+    max_tokens: PositiveInt = 60
+
+
+class DpftState(MethodState):
+    adapter: str | None = None  # the adapter's hash (the adapter itself is the saved release)
+    samples: list[SyntheticSample] = []
+
+
+@register
+class Dpft(Method[DpftOptions, DpftState]):
+    name = "dpft"
+    Options = DpftOptions
+    State = DpftState
+    one_generator_per_run = True
+    summary = "DP fine-tuned generator: DP-Adam on a LoRA adapter of a local PLM, then sampling (papers/001)"
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        super().check_config(config)
+        if config.federated is not None:
+            raise ValueError("dpft has no federated mode (DP-FedAvg is the resource-adaptive method's stage 1)")
+        if config.privacy.max_records_per_user != 1:
+            raise ValueError("dpft accounts one record per step sample: privacy.max_records_per_user must be 1 "
+                             "(user-level DP-SGD needs user-level sampling)")
+        if config.generators[0].kind not in LOCAL_KINDS:
+            raise ValueError(f"dpft fine-tunes a local GGUF model: generators[0].kind must be one of {LOCAL_KINDS}")
+
+    def iterations(self) -> int:
+        return 2
+
+    def schedule(self) -> Schedule:
+        o = self.options
+
+        def make(name: str, z: float) -> PrivacyEvent:
+            return SubsampledGaussianEvent(name=name, count=o.steps, sampling_rate=o.sampling_rate,
+                                           noise_multiplier=z)
+
+        release = Release("dpft.training", None, NOISE_MULTIPLIER, make, 1.0)
+        return Schedule((release,), (Knob(NOISE_MULTIPLIER, guess=1.0, description=(
+            f"DP-Adam noise multiplier (sigma / clip norm) over {o.steps} Poisson-subsampled steps at rate "
+            f"{o.sampling_rate:g}")),),
+            (f"DP fine-tuning: {o.steps} DP-Adam steps, Poisson sampling at q={o.sampling_rate:g}, "
+             f"per-example clipping at {o.clip_norm:g}",))
+
+    def min_private_records(self) -> tuple[int, str]:
+        return 2, "2"
+
+    def check_task(self, task: TaskSpec) -> None:
+        self._model_path()
+
+    def _model_path(self) -> Path:
+        from dpsynth.llm.local_models import resolve_local_model
+
+        g = self.config.generators[0]
+        path = resolve_local_model(g.model)[0] if g.kind == "llama_cpp" else Path(g.model).expanduser()
+        if path.suffix != ".gguf" or not path.is_file():
+            raise DpsynthError(f"dpft fine-tunes a local GGUF model file; '{g.model}' is not one")
+        return path
+
+    def training_request(self, task: TaskSpec) -> AdapterTraining:
+        o = self.options
+        return AdapterTraining(
+            model=str(self._model_path()), lora_r=o.lora_r, lora_alpha=o.lora_alpha, steps=o.steps,
+            sampling_rate=o.sampling_rate, clip_norm=o.clip_norm, learning_rate=o.learning_rate,
+            max_length=o.max_length, threads=self.config.generators[0].threads,
+            prompts={c: control_prompt(task.text_kind, c, task.labels[c]) for c in task.label_names})
+
+    def step(self, ctx: StepContext, state: DpftState, t: int) -> dict:
+        request = self.training_request(ctx.task)
+        o = self.options
+        if t == 0:
+            t0 = time.perf_counter()
+            adapter = ctx.holder.train_adapter(request, release=self.release("training"),
+                                               on_step=self._training_progress(ctx, o.steps))
+            ctx.add_time("training", t0)
+            state.adapter = _hash(adapter)
+            return {"iteration": 0, "training": {"steps": o.steps, "sampling_rate": o.sampling_rate,
+                                                 "clip_norm": o.clip_norm, "sampler": "poisson",
+                                                 "adapter": state.adapter}}
+        adapter = ctx.holder.train_adapter(request, release=self.release("training"))  # the saved release
+        generator = self._generator(ctx, request, adapter)
+        settings = o.prompt_settings()
+
+        def make(plan: GenerationPlan, attempt: int, chat: bool) -> list[tuple[str, GenerationRequest]]:
+            return [(label, GenerationRequest(prompt=request.prompts[label], max_tokens=settings.max_tokens,
+                                              temperature=settings.temperature, top_p=settings.top_p,
+                                              stop=("\n",),
+                                              seed=request_seed(self.config.seed, "dpft", label, attempt, j)))
+                    for label, count in plan.per_label.items() for j in range(count)]
+
+        t0 = time.perf_counter()
+        new, stats = generate_samples(t, plans=plan_counts(o.n, {generator.name: 1.0}, ctx.label_shares),
+                                      generators={generator.name: generator}, existing=[], make_requests=make,
+                                      max_attempts=o.max_attempts, on_progress=ctx.generation_progress(t))
+        ctx.add_time("generation", t0)
+        state.samples = new
+        return {"iteration": t, "generated": stats, "adapter": state.adapter}
+
+    def _generator(self, ctx: StepContext, request: AdapterTraining, adapter) -> CachedGenerator:
+        from dpsynth.finetune.generator import AdapterGenerator
+
+        (name, base), = ctx.generators.items()
+        if request.threads is not None:  # the generator's `threads:` shares the cores as for llama.cpp
+            import torch
+
+            torch.set_num_threads(request.threads)
+        inner = AdapterGenerator(Path(request.model), adapter.astype("float32"), r=request.lora_r,
+                                 alpha=request.lora_alpha, name=name)
+        return CachedGenerator(inner, base.cache, base.usage)
+
+    @staticmethod
+    def _training_progress(ctx: StepContext, steps: int):
+        if ctx.progress is None:
+            return None
+        report = ctx.progress
+
+        def on_step(step: int, grad_norm: float, epsilon: float) -> None:
+            report(f"DP fine-tuning: noisy gradient norm {grad_norm:.2f}, epsilon so far {epsilon:.2f}", step,
+                   steps)
+
+        return on_step
+
+    def final_samples(self, state: DpftState) -> list[SyntheticSample]:
+        return list(state.samples)
+
+
+def _hash(adapter) -> str:
+    from dpsynth.finetune.model import adapter_hash
+
+    return adapter_hash(adapter.astype("float32"))

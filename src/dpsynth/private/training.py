@@ -1,0 +1,36 @@
+"""DP fine-tuning on the private records, inside the data holder: the adapter is the only output.
+
+The holder calls this for a release of kind Poisson-subsampled Gaussian (DP-SGD steps); the
+records, their per-example gradients and the Poisson batches never leave this call. What is
+written while it runs is the partial DP state of `dpsynth.finetune.dp_adam` (adapter, Adam
+moments, step), which is as public as the final adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from dpsynth.finetune.dp_adam import TrainSettings, train_adapter
+from dpsynth.finetune.model import add_lora, load_base
+from dpsynth.finetune.request import AdapterTraining
+
+
+def train_on_records(request: AdapterTraining, texts: list[str], labels: list[str], *, noise_multiplier: float,
+                     seed: int, work_dir: Path | None,
+                     on_step: Callable[[int, float], None] | None = None) -> np.ndarray:
+    """The LoRA adapter of `request.model` trained with DP-Adam on (control prompt of label, text)."""
+    if request.threads is not None:
+        import torch
+
+        torch.set_num_threads(request.threads)
+    model, tokenizer = load_base(Path(request.model))
+    model = add_lora(model, request.lora_r, request.lora_alpha)
+    settings = TrainSettings(steps=request.steps, sampling_rate=request.sampling_rate,
+                             noise_multiplier=noise_multiplier, clip_norm=request.clip_norm,
+                             learning_rate=request.learning_rate, max_length=request.max_length, seed=seed)
+    prompts = [request.prompts[label] for label in labels]
+    vector = train_adapter(model, tokenizer, prompts, texts, settings, checkpoint_dir=work_dir, on_step=on_step)
+    return np.asarray(vector, dtype=np.float64)

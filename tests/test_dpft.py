@@ -1,0 +1,99 @@
+"""The DP fine-tuned generator (method dpft): its privacy plan reproduces PRIVACY.md's vector, its
+settings are checked, and a tiny real run (SmolLM2, LoRA, Opacus) trains once, generates from the
+adapter, resumes after a crash without training (or paying) twice, and writes nothing private."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpsynth.errors import DpsynthError
+from dpsynth.methods.dpft import NOISE_MULTIPLIER
+from dpsynth.methods.resample import RESAMPLE_SIGMA
+from dpsynth.runs.config import parse_config
+from dpsynth.runs.planning import plan_for_method
+
+CANARY = "Zyxqv canary gamma: the purple hippo reviewed the quantum lasagna"
+
+
+def test_privacy_vector_of_papers_001() -> None:
+    """PRIVACY.md: q = 4096/180000, 440 steps, delta 5e-7, total eps 6 with a sigma=10 histogram:
+    PLD gives z = 0.8054; an RDP accountant would need z = 0.8445 for the same guarantee."""
+    plan = plan_for_method("dpft", epsilon=6.0, delta=5e-7, options={"steps": 440, "sampling_rate": 4096 / 180000},
+                           resample={"sigma": 10.0})
+    knobs = plan.calibrate()
+    assert knobs[NOISE_MULTIPLIER] == pytest.approx(0.8054, abs=5e-4)
+    assert knobs[RESAMPLE_SIGMA] == 10.0
+    assert plan.epsilon_of(knobs) == pytest.approx(6.0, abs=2e-3)
+    rdp_needs = {**knobs, NOISE_MULTIPLIER: 0.8445}
+    assert plan.epsilon_rdp_of(rdp_needs) == pytest.approx(6.0, abs=0.02)
+    assert plan.epsilon_rdp_of(knobs) > 6.5, "RDP at the PLD noise overstates epsilon"
+
+
+def _raw(tmp_path: Path, **dpft) -> dict:
+    rows = [("An uplifting, warm and funny film with a terrific cast.", "positive"),
+            ("A tedious mess that wastes its talented actors.", "negative")] * 6 + [(CANARY, "positive")]
+    (tmp_path / "private.csv").write_text("text,label\n" + "".join(f'"{t}",{y}\n' for t, y in rows))
+    return {
+        "method": "dpft",
+        "data": {"private": str(tmp_path / "private.csv")},
+        "task": {"text_kind": "movie review", "labels": {"positive": "a positive review",
+                                                         "negative": "a negative review"}},
+        "generators": [{"model": "smollm2-135m-instruct", "name": "smol"}],
+        "dpft": {"n": 6, "steps": 3, "sampling_rate": 0.5, "max_length": 32, "max_tokens": 16, **dpft},
+        "privacy": {"epsilon": 4.0, "delta": 1e-3, "noise_seed": 5},
+        "evaluate": False,
+        "seed": 2,
+    }
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"privacy": {"max_records_per_user": 2}}, "max_records_per_user must be 1"),
+    ({"generators": [{"kind": "openai", "model": "gpt-4o-mini"}]}, "local GGUF"),
+    ({"generators": [{"model": "smollm2-135m-instruct", "name": "a"}, {"model": "gemma3-270m", "name": "b"}]},
+     "exactly one PLM"),
+])
+def test_settings_dpft_cannot_run_are_one_line_errors(change: dict, message: str, tmp_path: Path) -> None:
+    raw = _raw(tmp_path)
+    for key, value in change.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
+    with pytest.raises(DpsynthError, match=message):
+        parse_config(raw)
+
+
+@pytest.mark.slow
+def test_a_tiny_real_run_trains_once_generates_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsynth.methods.dpft import Dpft
+    from dpsynth.runs.engine import Run
+
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    cfg = parse_config(_raw(tmp_path))
+    original = Dpft.step
+
+    def crash_before_generating(self, ctx, state, t):
+        if t == 1:
+            raise KeyboardInterrupt
+        return original(self, ctx, state, t)
+
+    monkeypatch.setattr(Dpft, "step", crash_before_generating)
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(cfg, tmp_path / "run").execute()
+    releases = tmp_path / "run" / "checkpoints" / "releases"
+    adapter = releases / "dpft.training.npy"
+    assert adapter.is_file() and not list(releases.glob("*.partial")), "the adapter is saved; partial state gone"
+    trained = adapter.read_bytes()
+    monkeypatch.setattr(Dpft, "step", original)
+    result = Run.resume(tmp_path / "run").execute()
+    assert adapter.read_bytes() == trained, "resuming never trains (or spends) again"
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    (event,) = privacy["events"]
+    assert event["name"] == "dpft.training" and event["count"] == 3 and event["sampling_rate"] == 0.5
+    assert event["sampler"] == "poisson" and privacy["epsilon"] <= 4.0 * (1 + 1e-6)
+    samples = [json.loads(line) for line in (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()]
+    assert len(samples) >= 4 and all(s["text"].strip() for s in samples)
+    assert result["metrics"]["iterations"][0]["training"]["sampler"] == "poisson"
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".log", ".yaml"):
+            assert "Zyxqv" not in path.read_text(errors="ignore"), f"a private text reached {path}"
