@@ -15,7 +15,8 @@ import tempfile
 from typing import Iterator
 
 VERBOSE_ENV = "DPSYNTH_VERBOSE"
-QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+             "TQDM_DISABLE": "1"}  # e.g. transformers' GGUF de-quantising bar, a bare tqdm
 
 
 def verbose() -> bool:
