@@ -162,3 +162,31 @@ def test_bench_treats_a_resampled_zero_shot_variant_as_private() -> None:
     for cell in cells(bench):
         by_variant.setdefault(cell["variant"], []).append(cell["epsilon"])
     assert by_variant == {"fusegen": [None], "fusegen-resampled": [1.0, 4.0]}
+
+
+def test_empty_kmeans_centroids_get_no_bin_and_the_target_is_met() -> None:
+    """Repeated texts can leave k-means centroids empty: they get no bin, and nothing is lost."""
+    emb = np.repeat(np.eye(8)[:2], 4, axis=0)  # 8 samples, 2 distinct points
+    centroids, _, assignment = cluster_within_labels(emb, np.zeros(8, dtype=np.int64), clusters=4, seed=0)
+    assert len(centroids) == 2 and set(assignment) == {0, 1}
+    chosen, stats = resample_to_histogram(_samples(8), assignment, np.array([4.0, 4.0]), 8,
+                                          np.random.default_rng(0))
+    assert len(chosen) == 8 and stats["duplicated"] == 0
+
+
+def test_the_cluster_histogram_under_replace_adjacency_by_brute_force() -> None:
+    rng = np.random.default_rng(2)
+    private, private_labels = rng.normal(size=(20, 6)), rng.integers(0, 2, 20)
+    centroids, centroid_labels, _ = cluster_within_labels(rng.normal(size=(40, 6)), rng.integers(0, 2, 40), 3, 0)
+    spec = VoteSpec(kind="rank", weights=(1.0,))
+    full = compute_votes(spec, private, private_labels, centroids, centroid_labels)
+    worst = 0.0
+    for i in range(20):
+        for _ in range(5):
+            other, other_labels = private.copy(), private_labels.copy()
+            other[i], other_labels[i] = rng.normal(size=6), rng.integers(0, 2)
+            worst = max(worst, np.linalg.norm(full - compute_votes(spec, other, other_labels, centroids,
+                                                                   centroid_labels)))
+    bound = plan_for_method("fusegen", epsilon=1.0, adjacency="replace",
+                            resample={"clusters": 3}).schedule.get(RESAMPLE).sensitivity
+    assert worst <= bound + 1e-12 and bound == pytest.approx(math.sqrt(2))

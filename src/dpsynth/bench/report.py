@@ -84,7 +84,7 @@ def html_report(rows: list[dict], out_dir: Path, title: str) -> str:
             path = out_dir / "cells" / r["name"] / "eval.json"
             if not path.exists():
                 continue
-            its = [i for i in json.loads(path.read_text())["iterations"] if "generated" in i]
+            its = json.loads(path.read_text())["iterations"]
             ys = [e["probe"]["accuracy"] if metric == "accuracy" else (e["fid"] if e["fid"] is not None else np.nan)
                   for e in its]
             ax.plot([e["up_to_iteration"] for e in its], ys, marker=".", alpha=0.6, label=r["name"])

@@ -21,12 +21,12 @@ taken and the rest drawn again with replacement (counted in `duplicated`).
 from __future__ import annotations
 
 import math
-import time
 from typing import Sequence
 
 import numpy as np
 
 from dpsynth.config import ResampleConfig, RunConfig, records_per_unit
+from dpsynth.errors import DpsynthError
 from dpsynth.methods.generation import SyntheticSample, split_count
 from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
 from dpsynth.privacy.sensitivity import pe_top1_sensitivity
@@ -77,9 +77,10 @@ def cluster_within_labels(embeddings: np.ndarray, label_ids: np.ndarray, cluster
             km.train(x[rows])
             found = km.centroids
             local = km.index.search(x[rows], 1)[1].ravel().astype(np.int64)
-        assignment[rows] = len(centroids) + local
-        centroids.extend(found)
-        centroid_labels.extend([label] * len(found))
+        used = np.unique(local)  # k-means may leave a centroid empty (e.g. repeated texts): no bin for it
+        assignment[rows] = len(centroids) + np.searchsorted(used, local)
+        centroids.extend(found[used])
+        centroid_labels.extend([label] * len(used))
     return np.asarray(centroids, dtype=np.float32), np.asarray(centroid_labels, dtype=np.int64), assignment
 
 
@@ -125,11 +126,16 @@ def resample_stage(options: ResampleConfig, *, samples: list[SyntheticSample], e
                    label_ids: np.ndarray, labels: int, holder, release: tuple[str, int | None], sigma: float,
                    seed: int) -> tuple[list[SyntheticSample], dict]:
     """Cluster, ask the holder for the noisy histogram of `release`, resample. Returns (samples, record)."""
-    t0 = time.perf_counter()
+    if not samples:
+        raise DpsynthError("resample: the method produced no samples to resample")
     centroids, centroid_labels, assignment = cluster_within_labels(embeddings, label_ids, options.clusters, seed)
     noisy = holder.noisy_votes(VoteSpec(kind="rank", weights=(1.0,)), centroids, centroid_labels, release=release)
+    if len(noisy) != len(centroids):  # a resumed run re-clusters: the saved histogram must fit its bins
+        raise DpsynthError(f"resample: the saved histogram has {len(noisy)} bins, the clustering {len(centroids)}; "
+                           "the run cannot resume this stage")
     target = options.target or len(samples)
     chosen, stats = resample_to_histogram(samples, assignment, noisy, target, np.random.default_rng([seed, 1]))
+    # no timing here: the holder's vote (and its embedding of the private texts) grows with M
     stats.update(before=len(samples), votes_per_bin_over_noise=votes_per_bin_over_noise(noisy, sigma),
-                 suggested_clusters=suggested_clusters(noisy, sigma, labels), seconds=time.perf_counter() - t0)
+                 suggested_clusters=suggested_clusters(noisy, sigma, labels))
     return chosen, stats

@@ -224,7 +224,9 @@ class CentralHolder(ReleasingHolder):
                                     noise_multiplier=value, seed=seed, work_dir=self.store.work_dir(r.name),
                                     on_step=report)
 
-        return self._release(release, draw)
+        adapter = self._release(release, draw)
+        self.diagnostics.pop(self.schedule.get(*release).name, None)  # weights are not counts: no signal/noise
+        return adapter
 
     def _lengths(self) -> np.ndarray:
         return np.array([text_length(t) for t in self.__private.texts], dtype=np.int64)

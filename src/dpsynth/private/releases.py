@@ -6,9 +6,10 @@ So the holder writes `checkpoints/releases/<name>.json` (the ledger event and th
 values, atomically) right after drawing and before returning; on resume the ledger is
 completed from these files and a repeated request returns the saved noisy values.
 Only noisy values are stored: they are DP releases, as safe as the selections made from them.
-An un-noised release (epsilon = inf reference runs) is recorded by name only; its values are
-recomputed on resume (that costs nothing: the run is not private anyway), so clean values of
-private records are never written.
+An un-noised release (epsilon = inf reference runs) is recorded by name only and its values are
+kept in memory for the rest of the process; a resumed process recomputes them (the run is not
+private anyway; for a non-DP adapter that means training again), so clean values of private
+records are never written.
 
 Large releases (a DP-trained adapter: about a million numbers) keep their values in a `.npy` file
 beside the JSON, written first, so the JSON (written last, atomically) marks the release as done.
@@ -51,6 +52,7 @@ class ReleaseStore:
     def __init__(self, root: Path | None) -> None:
         self.root = root
         self._saved: dict[str, tuple[PrivacyEvent | None, np.ndarray | None]] = {}
+        self._clean: dict[str, np.ndarray] = {}  # un-noised values (epsilon = inf runs): this process only
         if root is not None and root.is_dir():
             loaded = []
             for path in root.glob("*.json"):
@@ -74,6 +76,8 @@ class ReleaseStore:
     def get(self, name: str) -> np.ndarray | None:
         """The saved noisy values (a copy), or None if not saved or un-noised."""
         saved = self._saved.get(name)
+        if saved is not None and saved[1] is None and name in self._clean:
+            return self._clean[name].copy()
         return None if saved is None or saved[1] is None else saved[1].copy()
 
     def events(self) -> dict[str, PrivacyEvent | None]:
@@ -81,6 +85,8 @@ class ReleaseStore:
 
     def save(self, name: str, event: PrivacyEvent | None, values: np.ndarray) -> None:
         kept = None if event is None else np.asarray(values, dtype=np.float64).copy()
+        if event is None:
+            self._clean[name] = np.asarray(values, dtype=np.float64).copy()
         self._saved[name] = (event, kept)
         if self.root is not None:
             payload = {"name": name, "seq": len(self._saved),

@@ -30,7 +30,9 @@ def train_on_records(request: AdapterTraining, texts: list[str], labels: list[st
     model = add_lora(model, request.lora_r, request.lora_alpha)
     settings = TrainSettings(steps=request.steps, sampling_rate=request.sampling_rate,
                              noise_multiplier=noise_multiplier, clip_norm=request.clip_norm,
-                             learning_rate=request.learning_rate, max_length=request.max_length, seed=seed)
+                             learning_rate=request.learning_rate, max_length=request.max_length, seed=seed,
+                             checkpoint_every=1)  # every step whose noisy norm was shown is saved: a resume
+    # after Ctrl-C never redoes (with fresh secret randomness) a step whose output was already seen
     prompts = [request.prompts[label] for label in labels]
     vector = train_adapter(model, tokenizer, prompts, texts, settings, checkpoint_dir=work_dir, on_step=on_step)
     return np.asarray(vector, dtype=np.float64)

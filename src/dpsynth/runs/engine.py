@@ -221,10 +221,12 @@ class Run:
         ctx, samples = live.ctx, self.method.final_samples(live.state)
         ctx.phase("resampling to a DP cluster histogram", 0)
         embeddings = ctx.embed_synthetic(samples)
+        t0 = time.perf_counter()
         chosen, stats = resample_stage(self.config.resample, samples=samples, embeddings=embeddings,
                                        label_ids=ctx.label_ids(samples), labels=len(ctx.task.label_names),
                                        holder=ctx.holder, release=(RESAMPLE, None),
                                        sigma=live.knobs[RESAMPLE_SIGMA], seed=self.config.seed)
+        ctx.add_time("voting", t0)  # the holder's histogram (and its embedding of the private texts) is inside
         live.state.resampled = chosen
         ctx.phase("resampling to a DP cluster histogram", 1)
         return {"iteration": t, "resample": stats}

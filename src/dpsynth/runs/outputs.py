@@ -17,7 +17,7 @@ from dpsynth.methods.generation import SyntheticSample
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import privacy_report, write_privacy_report
 
-PRIVATE_TIMINGS = ("voting",)  # time inside the data holder's releases, which depends on the private set's size
+PRIVATE_TIMINGS = ("voting", "training")  # time inside the data holder's releases, which depends on the private set's size
 
 
 def write_synthetic(run_dir: RunDir, samples: list[SyntheticSample]) -> None:
@@ -65,7 +65,11 @@ def write_metrics(run_dir: RunDir, *, method: str, history: list[dict], samples:
         metrics["federated"] = federated
     # metrics.json is meant to be shared: it leaves out the time spent on private data (it grows with the
     # number of private records); the caller, the data holder, still gets it in the returned metrics
-    shared = {**metrics, "timings": {k: v for k, v in metrics["timings"].items() if k not in PRIVATE_TIMINGS}}
+    # and its wall time is the run's minus that private time
+    timings = metrics["timings"]
+    private = sum(timings.get(k, 0.0) for k in PRIVATE_TIMINGS)
+    shared = {**metrics, "timings": {**{k: v for k, v in timings.items() if k not in PRIVATE_TIMINGS},
+                                     "wall": timings["wall"] - private}}
     atomic_write_text(run_dir.metrics, json.dumps(shared, indent=2))
     return metrics
 
