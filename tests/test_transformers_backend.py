@@ -22,3 +22,10 @@ def test_generates_chat_samples_reproducibly() -> None:
     again = gen.generate(requests)
     assert [r.text for r in first] == [r.text for r in again]
     assert all(r.completion_tokens > 0 and r.text.strip() for r in first)
+
+
+def test_a_leading_newline_is_not_cut_by_a_newline_stop() -> None:
+    from dpsynth.llm.transformers_backend import _cut_at_stop
+
+    assert _cut_at_stop("\n A warm film.\nNext", ("\n",)) == "A warm film."
+    assert _cut_at_stop("plain", ("\n",)) == "plain"

@@ -100,5 +100,8 @@ class TransformersGenerator:
 
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """The text up to its first stop sequence; leading whitespace is dropped first, so a model that opens
+    with a newline is not cut to nothing by a newline stop."""
+    text = text.lstrip()
     cut = min((text.index(s) for s in stops if s in text), default=len(text))
     return text[:cut]
