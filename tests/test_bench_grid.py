@@ -76,4 +76,8 @@ def test_paired_intervals_cover_a_known_difference_and_are_empty_for_identical_m
     rows = [{"variant": v, "plms": "x", "epsilon": e, "seed": s, "correct": c[s]}
             for v, e, c in (("fusegen", None, b), ("wasp", 4.0, a)) for s in range(5)]
     text = paired_markdown(rows, "fusegen")
-    assert "| wasp | x | 4 | 5 | +7.97 * |" in text
+    assert "| wasp | x | 4 | fusegen | 5 | +7.97 * |" in text
+    rows += [{"variant": "half", "plms": "x", "epsilon": 4.0, "seed": s, "correct": a[s]} for s in range(5)]
+    rows += [{"variant": "fusegen-half", "plms": "x", "epsilon": None, "seed": s, "correct": a[s]} for s in range(5)]
+    text = paired_markdown(rows, "fusegen", {"half": "fusegen-half"})
+    assert "| half | x | 4 | fusegen-half | 5 | +0.00 |" in text, "a variant is paired with its own comparator"

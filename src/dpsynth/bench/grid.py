@@ -36,6 +36,8 @@ class Variant(BaseModel):
                                             "inf = non-private reference")
     plms: Optional[list[str]] = Field(None, description="generator names to use (Aug-PE: each runs alone)")
     seeds: Optional[list[int]] = Field(None, description="this variant's seeds (default: the bench's)")
+    compare_with: Optional[str] = Field(None, description="the variant this one is paired with (default: the "
+                                        "bench's baseline), e.g. a zero-shot run with the same number of outputs")
 
 
 class BenchConfig(BaseModel):

@@ -35,33 +35,37 @@ def paired_difference(a: dict[int, list[int]], b: dict[int, list[int]], *, draws
     return {"seeds": len(seeds), "difference": float(diff.mean()), "low": float(low), "high": float(high)}
 
 
-def paired_table(rows: list[dict], baseline: str) -> list[dict]:
-    """Each (variant, PLMs, epsilon) against the baseline variant, paired by seed and test example."""
-    base = {r["seed"]: r["correct"] for r in rows if r["variant"] == baseline and r.get("correct")}
+def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, str] | None = None) -> list[dict]:
+    """Each (variant, PLMs, epsilon) against its baseline variant (the bench's, or the variant's own
+    `compare_with`), paired by seed and test example."""
+    compare_with = compare_with or {}
     groups: dict[tuple, dict[int, list[int]]] = defaultdict(dict)
     for r in rows:
-        if r["variant"] != baseline and r.get("correct"):
+        if r.get("correct"):
             groups[(r["variant"], r["plms"], r["epsilon"])][r["seed"]] = r["correct"]
     out = []
     for (variant, plms, eps), by_seed in groups.items():
-        if set(by_seed) & set(base):
-            out.append({"variant": variant, "plms": plms, "epsilon": eps, **paired_difference(by_seed, base)})
+        against = compare_with.get(variant, baseline)
+        base = {r["seed"]: r["correct"] for r in rows if r["variant"] == against and r.get("correct")}
+        if variant != against and set(by_seed) & set(base):
+            out.append({"variant": variant, "plms": plms, "epsilon": eps, "versus": against,
+                        **paired_difference(by_seed, base)})
     return out
 
 
-def paired_markdown(rows: list[dict], baseline: str) -> str:
-    table = paired_table(rows, baseline)
+def paired_markdown(rows: list[dict], baseline: str, compare_with: dict[str, str] | None = None) -> str:
+    table = paired_table(rows, baseline, compare_with)
     if not table:
         return ""
-    lines = [f"Paired difference in accuracy vs {baseline} (percentage points; 95% bootstrap interval over seeds "
-             "and test examples):", "", "| method | PLMs | eps | seeds | difference | 95% interval |",
-             "|---|---|---|---|---|---|"]
+    lines = ["Paired difference in accuracy vs a baseline variant (percentage points; 95% bootstrap interval over "
+             "seeds and test examples):", "", "| method | PLMs | eps | vs | seeds | difference | 95% interval |",
+             "|---|---|---|---|---|---|---|"]
     for t in table:
         eps = "" if t["epsilon"] is None else f"{t['epsilon']:g}"
         sign = " *" if t["low"] > 0 or t["high"] < 0 else ""
         sign += " †" if t["seeds"] < 2 else ""
-        lines.append(f"| {t['variant']} | {t['plms']} | {eps} | {t['seeds']} | {100 * t['difference']:+.2f}{sign} | "
-                     f"[{100 * t['low']:+.2f}, {100 * t['high']:+.2f}] |")
+        lines.append(f"| {t['variant']} | {t['plms']} | {eps} | {t['versus']} | {t['seeds']} | "
+                     f"{100 * t['difference']:+.2f}{sign} | [{100 * t['low']:+.2f}, {100 * t['high']:+.2f}] |")
     lines.append("\n* the interval excludes 0. † one seed: the interval covers test-set sampling only, not the "
                  "seed-to-seed spread, so it cannot carry a conclusion about the method.")
     return "\n".join(lines)

@@ -41,8 +41,9 @@ def bench(
     if not rows:
         raise DpsynthError(f"{out}: no finished cell to report")
     table = markdown_table(rows)
-    if spec.baseline and any(r["variant"] == spec.baseline for r in rows):
-        table += "\n\n" + paired_markdown(rows, spec.baseline)
+    compare_with = {v.name: v.compare_with for v in spec.variants if v.compare_with}
+    if spec.baseline and any(r["variant"] in (spec.baseline, *compare_with.values()) for r in rows):
+        table += "\n\n" + paired_markdown(rows, spec.baseline, compare_with)
     table += "\n\n" + majority_line(spec)
     (out / "results.md").write_text(table + "\n")
     (out / "report.html").write_text(html_report(rows, out, spec.name))
