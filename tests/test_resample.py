@@ -122,6 +122,7 @@ def test_zero_shot_plus_resampling_runs_and_pays_what_budget_plans(tmp_path: Pat
     assert privacy["epsilon"] == pytest.approx(_budget_epsilon(tmp_path / "run.yaml"), abs=1e-4)
     assert privacy["epsilon"] == pytest.approx(2.0, rel=1e-3)
     assert (tmp_path / "run" / "synthetic.jsonl").read_text().count("\n") == 10
+    assert "API retries so far {'a': 0, 'b': 0}" in (tmp_path / "run" / "run.log").read_text()
     stage = json.loads((tmp_path / "run" / "metrics.json").read_text())["iterations"][-1]
     assert stage["resample"]["bins"] == 4 and stage["resample"]["kept"] == 10
     released = json.loads(next((tmp_path / "run" / "checkpoints" / "releases").glob("resample*")).read_text())

@@ -210,7 +210,9 @@ class Run:
             rounds = getattr(live.holder, "rounds", None)
             if rounds:
                 record["federated_round"] = rounds.pop()
-            log.info("iteration %d: %s", t, {k: v["kept"] for k, v in record.get("generated", {}).items()})
+            log.info("iteration %d: kept %s; API retries so far %s", t,
+                     {k: v["kept"] for k, v in record.get("generated", {}).items()},
+                     {k: u.retries for k, u in live.usage.items()})
             live.state.history.append(record)
             live.state.next_iteration = t + 1
             self._save_checkpoint(live)
