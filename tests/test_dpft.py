@@ -91,6 +91,11 @@ def test_a_tiny_real_run_trains_once_generates_and_resumes(tmp_path: Path, monke
     (event,) = privacy["events"]
     assert event["name"] == "dpft.training" and event["count"] == 3 and event["sampling_rate"] == 0.5
     assert event["sampler"] == "poisson" and privacy["epsilon"] <= 4.0 * (1 + 1e-6)
+    from dpsynth.runs.planning import plan_privacy
+
+    planned = plan_privacy(cfg)
+    assert privacy["epsilon"] == pytest.approx(planned.epsilon_of(planned.calibrate()), abs=1e-4), \
+        "the run pays what `dpsynth budget` plans"
     samples = [json.loads(line) for line in (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()]
     assert len(samples) >= 4 and all(s["text"].strip() for s in samples)
     assert result["metrics"]["iterations"][0]["training"]["sampler"] == "poisson"
