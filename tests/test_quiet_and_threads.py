@@ -200,3 +200,21 @@ def test_llama_cpp_load_lines_are_quiet_unless_verbose(tmp_path: Path) -> None:
     loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**env, VERBOSE_ENV: "1"}, timeout=300)
     assert loud.returncode == 0 and "llama_model_loader" in loud.stderr
+
+
+def test_a_progress_bar_printed_by_a_library_is_muted_unless_verbose(capsys: pytest.CaptureFixture,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' GGUF loader prints a tqdm bar with a tqdm imported before the quiet environment existed."""
+    from tqdm import tqdm
+
+    from dpsynth.llm.quiet import VERBOSE_ENV, python_stderr_quiet
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    with python_stderr_quiet():
+        for _ in tqdm(range(3), desc="de-quantising", disable=False):
+            pass
+    assert "de-quantising" not in capsys.readouterr().err
+    monkeypatch.setenv(VERBOSE_ENV, "1")
+    with python_stderr_quiet():
+        print("kept when verbose", file=sys.stderr)
+    assert "kept when verbose" in capsys.readouterr().err

@@ -18,7 +18,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from dpsynth.errors import DpsynthError
-from dpsynth.llm.quiet import quiet_transformers
+from dpsynth.llm.quiet import python_stderr_quiet, quiet_transformers
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -34,7 +34,8 @@ def load_base(gguf_path: Path) -> tuple[Any, Any]:
     source, kwargs = str(gguf_path.parent), {"gguf_file": gguf_path.name}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
+        with python_stderr_quiet():  # transformers' GGUF de-quantising bar
+            model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
     except (OSError, ValueError, RuntimeError) as err:
         first_line = (str(err).splitlines() or [type(err).__name__])[0]
         raise DpsynthError(f"cannot load model file {gguf_path}: {first_line}") from err

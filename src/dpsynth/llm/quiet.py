@@ -47,6 +47,19 @@ def quiet_transformers() -> None:
 
 
 @contextlib.contextmanager
+def python_stderr_quiet() -> Iterator[None]:
+    """Python-level stderr muted while the block runs (unless verbose): for progress bars a library prints
+    with a tqdm that was imported before the quiet environment was set (TQDM_DISABLE is read at import)."""
+    if verbose():
+        yield
+        return
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+@contextlib.contextmanager
 def c_stderr_captured() -> Iterator[list[str]]:
     """Send the C-level stderr (fd 2) to a temporary file while the block runs (unless verbose).
 

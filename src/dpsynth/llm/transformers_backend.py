@@ -16,7 +16,7 @@ from typing import Sequence
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
-from dpsynth.llm.quiet import quiet_transformers
+from dpsynth.llm.quiet import python_stderr_quiet, quiet_transformers
 
 
 class TransformersGenerator:
@@ -37,7 +37,8 @@ class TransformersGenerator:
             source, kwargs = str(path.parent), {"gguf_file": path.name}
         try:
             self._tok = AutoTokenizer.from_pretrained(source, **kwargs)
-            self._model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
+            with python_stderr_quiet():  # transformers' GGUF de-quantising bar
+                self._model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
         except (OSError, ValueError) as err:
             raise DpsynthError(f"cannot load transformers model '{model}': {str(err).splitlines()[0]}") from err
         self._model.eval()
