@@ -68,18 +68,28 @@ def test_resampling_follows_the_noisy_histogram() -> None:
     assert stats["all_noise_fallback"] and len(noise) == 20
 
 
+def _histogram_case(seed: int, records: int):
+    """Random private records, centroids of random synthetic samples, and the histogram the holder computes."""
+    rng = np.random.default_rng(seed)
+    private, private_labels = rng.normal(size=(records, 6)), rng.integers(0, 2, records)
+    centroids, centroid_labels, _ = cluster_within_labels(rng.normal(size=(2 * records, 6)),
+                                                          rng.integers(0, 2, 2 * records), 3, 0)
+
+    def histogram(texts: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        return compute_votes(VoteSpec(kind="rank", weights=(1.0,)), texts, labels, centroids, centroid_labels)
+
+    return rng, private, private_labels, histogram
+
+
 def test_the_cluster_histogram_has_sensitivity_one_by_brute_force() -> None:
     """Adding or removing any one record moves the released histogram by at most 1 in L2 (the event's)."""
-    rng = np.random.default_rng(1)
-    private, private_labels = rng.normal(size=(30, 6)), rng.integers(0, 2, 30)
-    centroids, centroid_labels, _ = cluster_within_labels(rng.normal(size=(50, 6)), rng.integers(0, 2, 50), 3, 0)
-    spec = VoteSpec(kind="rank", weights=(1.0,))
-    full = compute_votes(spec, private, private_labels, centroids, centroid_labels)
+    _, private, private_labels, histogram = _histogram_case(1, 30)
+    full = histogram(private, private_labels)
     assert full.sum() == 30
     plan = plan_for_method("fusegen", epsilon=1.0, resample={"clusters": 3})
     bound = plan.schedule.get(RESAMPLE).sensitivity
-    worst = max(np.linalg.norm(full - compute_votes(spec, np.delete(private, i, 0), np.delete(private_labels, i),
-                                                    centroids, centroid_labels)) for i in range(30))
+    worst = max(np.linalg.norm(full - histogram(np.delete(private, i, 0), np.delete(private_labels, i)))
+                for i in range(30))
     assert worst == pytest.approx(bound) == 1.0
 
 
@@ -176,18 +186,14 @@ def test_empty_kmeans_centroids_get_no_bin_and_the_target_is_met() -> None:
 
 
 def test_the_cluster_histogram_under_replace_adjacency_by_brute_force() -> None:
-    rng = np.random.default_rng(2)
-    private, private_labels = rng.normal(size=(20, 6)), rng.integers(0, 2, 20)
-    centroids, centroid_labels, _ = cluster_within_labels(rng.normal(size=(40, 6)), rng.integers(0, 2, 40), 3, 0)
-    spec = VoteSpec(kind="rank", weights=(1.0,))
-    full = compute_votes(spec, private, private_labels, centroids, centroid_labels)
+    rng, private, private_labels, histogram = _histogram_case(2, 20)
+    full = histogram(private, private_labels)
     worst = 0.0
     for i in range(20):
         for _ in range(5):
             other, other_labels = private.copy(), private_labels.copy()
             other[i], other_labels[i] = rng.normal(size=6), rng.integers(0, 2)
-            worst = max(worst, np.linalg.norm(full - compute_votes(spec, other, other_labels, centroids,
-                                                                   centroid_labels)))
+            worst = max(worst, np.linalg.norm(full - histogram(other, other_labels)))
     bound = plan_for_method("fusegen", epsilon=1.0, adjacency="replace",
                             resample={"clusters": 3}).schedule.get(RESAMPLE).sensitivity
     assert worst <= bound + 1e-12 and bound == pytest.approx(math.sqrt(2))

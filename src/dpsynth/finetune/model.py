@@ -18,30 +18,14 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from dpsynth.errors import DpsynthError
-from dpsynth.llm.quiet import python_stderr_quiet, quiet_transformers
+from dpsynth.llm.transformers_backend import load_causal_lm
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def load_base(gguf_path: Path) -> tuple[Any, Any]:
-    """(model, tokenizer) in fp32 from a GGUF file; the tokenizer pads with eos when it has no pad token."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    quiet_transformers()
-    gguf_path = Path(gguf_path).expanduser()
-    if not gguf_path.is_file():
-        raise DpsynthError(f"model file {gguf_path} does not exist")
-    source, kwargs = str(gguf_path.parent), {"gguf_file": gguf_path.name}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        with python_stderr_quiet():  # transformers' GGUF de-quantising bar
-            model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
-    except (OSError, ValueError, RuntimeError) as err:
-        first_line = (str(err).splitlines() or [type(err).__name__])[0]
-        raise DpsynthError(f"cannot load model file {gguf_path}: {first_line}") from err
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    """(model, tokenizer) in fp32 from a GGUF file, by the generator backend's loader."""
+    return load_causal_lm(str(gguf_path))
 
 
 def add_lora(model: Any, r: int, alpha: int, dropout: float = 0.0) -> PeftModel:

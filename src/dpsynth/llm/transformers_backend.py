@@ -12,39 +12,50 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
 from dpsynth.llm.quiet import python_stderr_quiet, quiet_transformers
 
 
+def load_causal_lm(model: str) -> tuple[Any, Any]:
+    """(model, tokenizer) in fp32 from a hub id, a local directory or a GGUF file (de-quantised); the
+    tokenizer pads with eos when it has no pad token. The one loader of the generator and of DP fine-tuning."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as err:
+        raise DpsynthError("the transformers backend needs: pip install 'dpsynth[transformers]'") from err
+    quiet_transformers()
+    path = Path(model).expanduser()
+    kwargs: dict = {}
+    source = model
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise DpsynthError(f"model file {path} does not exist")
+        source, kwargs = str(path.parent), {"gguf_file": path.name}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        with python_stderr_quiet():  # transformers' GGUF de-quantising bar
+            loaded = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
+    except (OSError, ValueError, RuntimeError) as err:
+        first_line = (str(err).splitlines() or [type(err).__name__])[0]
+        raise DpsynthError(f"cannot load transformers model '{model}': {first_line}") from err
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return loaded, tokenizer
+
+
 class TransformersGenerator:
     def __init__(self, model: str, *, name: str | None = None, chat: bool | None = None, batch_size: int = 8) -> None:
-        try:
-            import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-        except ImportError as err:
-            raise DpsynthError("the transformers backend needs: pip install 'dpsynth[transformers]'") from err
-        quiet_transformers()
+        import torch
+
         self._torch = torch
         path = Path(model).expanduser()
-        kwargs: dict = {}
-        source = model
-        if path.suffix == ".gguf":
-            if not path.is_file():
-                raise DpsynthError(f"model file {path} does not exist")
-            source, kwargs = str(path.parent), {"gguf_file": path.name}
-        try:
-            self._tok = AutoTokenizer.from_pretrained(source, **kwargs)
-            with python_stderr_quiet():  # transformers' GGUF de-quantising bar
-                self._model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
-        except (OSError, ValueError) as err:
-            raise DpsynthError(f"cannot load transformers model '{model}': {str(err).splitlines()[0]}") from err
+        self._model, self._tok = load_causal_lm(model)
         self._model.eval()
         self._tok.padding_side = "left"
-        if self._tok.pad_token is None:
-            self._tok.pad_token = self._tok.eos_token
         has_template = bool(getattr(self._tok, "chat_template", None))
         self._chat = has_template if chat is None else chat
         self._model_name = model
