@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +207,20 @@ def test_signal_to_noise_is_from_noisy_values_and_advises_when_votes_are_noise()
     lines = signal_lines([{"releases": {"wasp.votes[iteration=0]": noise_only}}])
     assert any("most entries are noise" in line for line in lines)
     assert not any("most entries are noise" in line for line in signal_lines([{"releases": {"r": strong}}]))
+
+
+def test_one_process_at_a_time_runs_a_run_directory(tmp_path: Path) -> None:
+    """Two processes on one directory would each draw the next release: the second one is refused, in this
+    process and in another, until the first has finished (or died: the OS drops the lock)."""
+    cfg = parse_config(_config(tmp_path, "augpe"))
+    first = Run.create(cfg, tmp_path / "run")
+    with pytest.raises(DpsynthError, match="is in use by dpsynth process"):
+        Run.resume(tmp_path / "run")
+    driver = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import fakes, dpsynth.cli; "
+              f"sys.argv = ['dpsynth', 'run', '--resume', {str(tmp_path / 'run')!r}]; dpsynth.cli.app()")
+    other = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2, other.stderr
+    assert "is in use by dpsynth process" in other.stderr and "Traceback" not in other.stderr
+    first.execute()  # releases the directory when it returns
+    assert Run.resume(tmp_path / "run").execute()["privacy"]["epsilon"] <= 2.0 * (1 + 1e-6)
+    assert len({e["name"] for e in json.loads((tmp_path / "run" / "privacy.json").read_text())["events"]}) == 3

@@ -1,14 +1,21 @@
-"""The persistent request cache is safe for concurrent processes, from the first open of a new file on."""
+"""The persistent request cache is safe for concurrent processes, from the first open of a new file on, and
+two processes that need the same generation at once pay for it once."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sqlite3
+import subprocess
+import sys
+import time
 import traceback
 from pathlib import Path
 
+import pytest
+
 from dpsynth.llm.base import GenerationRequest, GenerationResult
-from dpsynth.llm.cache import CachedGenerator, RequestCache
+from dpsynth.llm.cache import HOST, STALE_AFTER, CachedGenerator, RequestCache
 
 PROCESSES = 8
 ENTRIES = 50
@@ -93,3 +100,78 @@ def test_cached_generator_counts_backend_retries(tmp_path: Path) -> None:
     assert gen.usage.retries == 2 and gen.usage.requests == 2
     gen.generate([GenerationRequest(prompt="x")])  # a hit: the backend is not called
     assert gen.usage.retries == 2 and gen.usage.cached == 1
+
+
+class _Slow:
+    """A backend that takes a while per request and logs what it was paid for to a file (one line each)."""
+
+    name = "slow"
+    model_id = "slow:1"
+    chat = False
+
+    def __init__(self, ledger: str) -> None:
+        self.ledger = ledger
+
+    def generate(self, requests, on_result=None):
+        out = []
+        for i, r in enumerate(requests):
+            time.sleep(0.01)
+            with open(self.ledger, "a") as fh:
+                fh.write(f"{os.getpid()} {r.prompt}\n")
+            result = GenerationResult(r.prompt.upper(), 2, 3)
+            out.append(result)
+            if on_result:
+                on_result(i, result)
+        return out
+
+
+REQUESTS = [GenerationRequest(prompt=f"request {i}", seed=i) for i in range(40)]
+
+
+def _same_run(root: str, barrier, answers) -> None:
+    cache = RequestCache(Path(root) / "cache.sqlite")
+    gen = CachedGenerator(_Slow(str(Path(root) / "paid.txt")), cache)
+    barrier.wait(timeout=120)  # both processes need the same generations at the same moment
+    texts = [r.text for r in gen.generate(REQUESTS)]
+    answers.put((texts, gen.usage.cached))
+
+
+def test_two_processes_needing_the_same_generations_pay_for_them_once(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier, answers = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_same_run, args=(str(tmp_path), barrier, answers)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [answers.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    paid = (tmp_path / "paid.txt").read_text().splitlines()
+    assert sorted(line.split(" ", 1)[1] for line in paid) == sorted(r.prompt for r in REQUESTS), \
+        "every generation was paid for exactly once"
+    want = [r.prompt.upper() for r in REQUESTS]
+    assert [texts for texts, _ in got] == [want, want]
+    assert sorted(cached for _, cached in got)[1] > 0, "one process was served what the other paid for"
+    db = sqlite3.connect(str(tmp_path / "cache.sqlite"))
+    assert db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0, "claims are released"
+
+
+def test_a_claim_binds_only_while_its_process_lives_and_renews_it(tmp_path: Path) -> None:
+    cache = RequestCache(tmp_path / "cache.sqlite")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    now = time.time()
+    claims = [("dead", "x", HOST, dead.pid, now), ("alive", "x", HOST, os.getpid(), now),
+              ("far-fresh", "x", "another-host", 1, now), ("far-stale", "x", "another-host", 1, now - 2 * STALE_AFTER)]
+    cache._db.executemany("INSERT INTO claims VALUES (?, ?, ?, ?, ?)", claims)
+    mine, theirs = cache.claim(["dead", "alive", "far-fresh", "far-stale", "free"])
+    assert mine == {"dead", "far-stale", "free"}
+    assert theirs == {"alive": os.getpid(), "far-fresh": 1}
+    # A backend that crashes leaves no claim behind it, so nobody waits for a result that will never come.
+    gen = CachedGenerator(_Counting(), cache)
+    gen.inner.generate = lambda requests, on_result=None: (_ for _ in ()).throw(RuntimeError("backend died"))
+    request = GenerationRequest(prompt="never answered")
+    with pytest.raises(RuntimeError):
+        gen.generate([request])
+    key = request.cache_key(gen.model_id)
+    assert RequestCache(tmp_path / "cache.sqlite").claim([key])[0] == {key}, "another owner may take it"

@@ -11,6 +11,9 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
+
+from dpsynth.errors import DpsynthError
 
 
 def cache_dir() -> Path:
@@ -97,8 +100,42 @@ class RunDir:
     def log(self) -> Path:
         return self.root / "run.log"
 
+    @property
+    def lock(self) -> Path:
+        """Held (flock) by the one process that runs or resumes this directory."""
+        return self.root / ".lock"
+
     def is_started(self) -> bool:
         return self.state.exists() or self.plan.exists()
 
     def is_finished(self) -> bool:
         return self.metrics.exists()
+
+
+def lock_run_dir(run_dir: RunDir) -> IO[str] | None:
+    """Take the run directory's exclusive lock for as long as the returned file stays open.
+
+    Two processes running or resuming one directory would each draw the next release with their own
+    noise and each write a checkpoint: the run could spend twice. The OS drops the lock when its
+    holder exits, even on SIGKILL, so a crash never leaves the directory locked. Without `fcntl`
+    (Windows) there is no lock and the user must not start a directory twice.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    handle = open(run_dir.lock, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise DpsynthError(f"{run_dir.root} is in use by {holder}; wait for it to finish (or stop it) and "
+                           f"then resume with `dpsynth run --resume {run_dir.root}`") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"dpsynth process {os.getpid()}\n")
+    handle.flush()
+    return handle

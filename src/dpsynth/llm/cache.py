@@ -7,6 +7,11 @@ set once (it persists in the file), every connection waits up to
 `BUSY_TIMEOUT` seconds for a lock, and what SQLite still refuses with
 "database is locked" (it does not wait where waiting could deadlock, e.g. when
 switching to WAL) is retried with jittered backoff, so no write is lost.
+Two processes that need the same generation at once (two identical runs, two
+grids sharing cells) pay for it once: a process claims the requests it is about
+to send, and another that needs them waits for their results instead of sending
+them again. A claim is void once its process has died (same machine) or has not
+renewed it for `STALE_AFTER` seconds, so a crash never blocks anyone.
 Prompts only ever contain the task description and synthetic text, so the
 cache holds nothing private. Like the `llm` tool's log, it is also a record of
 every prompt and response for inspection.
@@ -14,12 +19,18 @@ every prompt and response for inspection.
 
 from __future__ import annotations
 
+import logging
+import os
 import random
+import socket
 import sqlite3
 import threading
 import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import (
@@ -31,7 +42,27 @@ from dpsynth.llm.base import (
 )
 
 BUSY_TIMEOUT = 30.0  # seconds SQLite waits for another process's lock
+STALE_AFTER = 120.0  # seconds without renewal after which another process's claim on a request is void
+HEARTBEAT = 15.0  # how often a process renews its claims while its backend generates
+POLL = 0.25  # seconds between looks for results another process is paying for
+HOST = socket.gethostname()
 _T = TypeVar("_T")
+log = logging.getLogger("dpsynth.run")
+
+
+def _claim_is_void(host: str, pid: int, renewed: float, now: float) -> bool:
+    """A claim whose process died (checked on this machine) or stopped renewing it binds no one."""
+    if now - renewed > STALE_AFTER:
+        return True
+    if host != HOST:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 def _is_locked(err: sqlite3.OperationalError) -> bool:
@@ -58,6 +89,13 @@ class RequestCache:
                 "prompt_tokens INTEGER, completion_tokens INTEGER, created REAL, writes INTEGER DEFAULT 1)"
             )
         )
+        self._retry(
+            lambda: self._db.execute(
+                "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, owner TEXT, host TEXT, pid INTEGER, "
+                "renewed REAL)"
+            )
+        )
+        self.owner = f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     def _set_wal(self) -> None:
         # WAL is a property of the file: only the first process to open it switches (an exclusive lock).
@@ -108,6 +146,55 @@ class RequestCache:
                 )
             )
 
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT under the connection's lock (rolled back on any error)."""
+        with self._lock:
+            self._retry(lambda: self._db.execute("BEGIN IMMEDIATE"))
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def claim(self, keys: Sequence[str]) -> tuple[set[str], dict[str, int]]:
+        """Claim the keys no live process has claimed; returns them and {key: pid} of the others' claims."""
+        now = time.time()
+        mine: set[str] = set()
+        theirs: dict[str, int] = {}
+        unique = list(dict.fromkeys(keys))
+        with self._transaction() as db:
+            for start in range(0, len(unique), 500):
+                chunk = unique[start : start + 500]
+                rows = db.execute(
+                    f"SELECT key, owner, host, pid, renewed FROM claims WHERE key IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ).fetchall()
+                held = {key: (owner, host, pid, renewed) for key, owner, host, pid, renewed in rows}
+                for key in chunk:
+                    claim = held.get(key)
+                    if claim is None or claim[0] == self.owner or _claim_is_void(*claim[1:], now):
+                        mine.add(key)
+                    else:
+                        theirs[key] = claim[2]
+            db.executemany("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)",
+                           [(key, self.owner, HOST, os.getpid(), now) for key in mine])
+        return mine, theirs
+
+    def renew_claims(self) -> None:
+        with self._lock:
+            self._retry(lambda: self._db.execute("UPDATE claims SET renewed=? WHERE owner=?",
+                                                 (time.time(), self.owner)))
+
+    def release_claims(self, keys: Sequence[str]) -> None:
+        unique = list(dict.fromkeys(keys))
+        with self._lock:
+            for start in range(0, len(unique), 500):
+                chunk = unique[start : start + 500]
+                self._retry(lambda c=chunk: self._db.execute(
+                    f"DELETE FROM claims WHERE owner=? AND key IN ({','.join('?' * len(c))})", [self.owner, *c]))
+
     def close(self) -> None:
         self._db.close()
 
@@ -137,30 +224,67 @@ class CachedGenerator:
     def generate(
         self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None
     ) -> list[GenerationResult]:
+        """Hits from the cache; misses claimed and sent; misses another process is sending, waited for."""
         keys = [r.cache_key(self.model_id) for r in requests]
-        hits = self.cache.get_many(keys)
-        results: list[GenerationResult | None] = [hits.get(k) for k in keys]
-        for i, result in enumerate(results):
-            if result is not None:
-                self.usage.add(result)
-                if on_result:
-                    on_result(i, result)
-        missing = [i for i, r in enumerate(results) if r is None]
+        results: list[GenerationResult | None] = [None] * len(requests)
 
-        def store(j: int, result: GenerationResult) -> None:
-            i = missing[j]
-            self.cache.put(keys[i], self.model_id, requests[i].prompt_text(), result)
+        def deliver(i: int, result: GenerationResult) -> None:
             results[i] = result
             self.usage.add(result)
             if on_result:
                 on_result(i, result)
 
-        if missing:
-            start = time.perf_counter()
-            retries_before = self._backend_retries()
-            try:
-                self.inner.generate([requests[i] for i in missing], on_result=store)
-            finally:
-                self.usage.generation_seconds += time.perf_counter() - start
-                self.usage.retries += self._backend_retries() - retries_before
+        pending = list(range(len(requests)))
+        waiting_for: set[int] = set()
+        while True:
+            hits = self.cache.get_many([keys[i] for i in pending])
+            for i in pending:
+                if keys[i] in hits:
+                    deliver(i, hits[keys[i]])
+            pending = [i for i in pending if results[i] is None]
+            if not pending:
+                break
+            mine, theirs = self.cache.claim([keys[i] for i in pending])
+            ours = [i for i in pending if keys[i] in mine]
+            if ours:
+                self._pay(ours, keys, requests, deliver)
+                unanswered = [i for i in ours if results[i] is None]
+                if unanswered:
+                    raise DpsynthError(f"{self.name}: the backend returned no result for {len(unanswered)} request(s)")
+            else:
+                pids = set(theirs.values())
+                if not waiting_for >= pids:
+                    log.info("%s: waiting for %d generation(s) that process(es) %s are paying for", self.name,
+                             len(theirs), sorted(pids))
+                    waiting_for |= pids
+                time.sleep(POLL)
+            pending = [i for i in pending if results[i] is None]
         return [r for r in results if r is not None]
+
+    def _pay(self, indices: list[int], keys: list[str], requests: Sequence[GenerationRequest],
+             deliver: ResultCallback) -> None:
+        """Send the claimed requests, storing each result the moment it arrives; claims renewed meanwhile."""
+
+        def store(j: int, result: GenerationResult) -> None:
+            i = indices[j]
+            self.cache.put(keys[i], self.model_id, requests[i].prompt_text(), result)
+            deliver(i, result)
+
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(HEARTBEAT):
+                self.cache.renew_claims()
+
+        renewer = threading.Thread(target=renew, name="dpsynth-claims", daemon=True)
+        renewer.start()
+        start = time.perf_counter()
+        retries_before = self._backend_retries()
+        try:
+            self.inner.generate([requests[i] for i in indices], on_result=store)
+        finally:
+            stop.set()
+            renewer.join()
+            self.cache.release_claims([keys[i] for i in indices])
+            self.usage.generation_seconds += time.perf_counter() - start
+            self.usage.retries += self._backend_retries() - retries_before

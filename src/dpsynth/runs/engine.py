@@ -22,7 +22,7 @@ from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir, atomic_write_text
+from dpsynth.fs import RunDir, atomic_write_text, lock_run_dir
 from dpsynth.llm.base import Usage
 from dpsynth.methods.base import MethodState, StepContext
 from dpsynth.methods.resample import RESAMPLE, RESAMPLE_SIGMA, resample_stage
@@ -60,6 +60,7 @@ class Run:
     def __init__(self, config: RunConfig, run_dir: Path, *, progress: Progress | None = None) -> None:
         self.config = config
         self.dir = RunDir(run_dir)
+        self._lock = lock_run_dir(self.dir)  # one process per run directory, until execute() returns
         self.progress = progress
         self.plan: PrivacyPlan = plan_privacy(config)
         self.method = self.plan.method
@@ -71,11 +72,12 @@ class Run:
         d = RunDir(run_dir)
         if d.root.exists() and not d.root.is_dir():
             raise DpsynthError(f"{d.root} is a file; give a directory for the run's outputs")
+        run = cls(config, d.root, **kw)  # takes the directory's lock before looking at what it holds
         if d.is_started():
+            run.close()
             raise DpsynthError(f"{d.root} already holds a run; resume it with `dpsynth run --resume {d.root}`")
-        d.root.mkdir(parents=True, exist_ok=True)
         atomic_write_text(d.config, dump_config(config))
-        return cls(config, d.root, **kw)
+        return run
 
     @classmethod
     def resume(cls, run_dir: Path, **kw: Any) -> "Run":
@@ -84,9 +86,21 @@ class Run:
             raise DpsynthError(f"{d.root}: no config.yaml; not a dpsynth run directory")
         return cls(load_config(d.config), d.root, **kw)
 
+    def close(self) -> None:
+        """Let another process run or resume the directory (also happens when this process exits)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
     # -- execution ----------------------------------------------------------------
     def execute(self) -> dict:
         """Run (or resume) to the end; a federated run starts a Flower simulation of its parties."""
+        try:
+            return self._execute()
+        finally:
+            self.close()
+
+    def _execute(self) -> dict:
         fed = self.config.federated
         if fed is not None and fed.partition == "nodes":
             raise DpsynthError("federated.partition 'nodes' runs on a Flower deployment (SuperLink + one SuperNode "
@@ -105,11 +119,14 @@ class Run:
         """Run as the ServerApp of a deployed Flower federation (parties on their own machines)."""
         from dpsynth.federated.simulation import connect_deployed
 
-        if self.config.federated is None:
-            raise DpsynthError("this run config has no federated: section")
-        live = self._start_run()
-        connect_deployed(self.config, live.holder, grid, flower_context)
-        return self._iterate(live)
+        try:
+            if self.config.federated is None:
+                raise DpsynthError("this run config has no federated: section")
+            live = self._start_run()
+            connect_deployed(self.config, live.holder, grid, flower_context)
+            return self._iterate(live)
+        finally:
+            self.close()
 
     def calibrate(self) -> dict[str, float]:
         """Every knob of the run's schedule for its (epsilon, delta)."""
