@@ -125,7 +125,7 @@ def lock_run_dir(run_dir: RunDir) -> IO[str] | None:
     except ImportError:
         return None
     run_dir.root.mkdir(parents=True, exist_ok=True)
-    handle = open(run_dir.lock, "a+", encoding="utf-8")
+    handle = open(run_dir.lock, "a+", encoding="utf-8")  # noqa: SIM115 - held open: the lock lives with it
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
