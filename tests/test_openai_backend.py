@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import json
+import random
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.llm.base import GenerationRequest
+from dpsynth.llm.llama_cpp_backend import available_cores
 from dpsynth.llm.local_models import resolve_local_model
 from dpsynth.llm.openai_backend import OpenAICompatGenerator
 from dpsynth.runs.config import parse_config
@@ -99,7 +102,7 @@ def llama_server(tmp_path_factory):
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")  # a pipe would fill up and block it
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--host", "127.0.0.1", "--port", str(port),
-         "--n_ctx", "2048", "--n_threads", "2", "--model_alias", "smollm2"],
+         "--n_ctx", "2048", "--n_threads", str(available_cores()), "--model_alias", "smollm2"],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}/v1"
@@ -146,3 +149,110 @@ def test_wasp_through_real_llama_cpp_server(llama_server: str, tmp_path: Path, m
     usage = result["metrics"]["usage"]["server-smol"]
     assert usage["completion_tokens"] > 0 and usage["cost"] > 0
     assert result["privacy"]["epsilon"] <= 2.0
+
+
+class _FaultyProxy(BaseHTTPRequestHandler):
+    """Forwards to the real llama.cpp server, but answers ~30% of requests with a fault instead (seeded draws;
+    the kinds of fault take turns).
+
+    A request (its body) gets at most two faults, so every request succeeds within the run's retries and
+    the test cannot fail by bad luck. Records each fault and each text the real server wrote.
+    """
+
+    upstream = ""
+    hang = 0.0
+    rng = random.Random(0)
+    attempts: dict[bytes, int] = {}
+    faults: list[str] = []
+    texts: set[str] = set()
+    lock = threading.Lock()
+    KINDS = ("429", "500", "503", "hang", "invalid JSON", "truncated body", "empty choices", "missing message")
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        cls = type(self)
+        with cls.lock:
+            cls.attempts[body] = cls.attempts.get(body, 0) + 1
+            faulty = cls.attempts[body] <= 2 and cls.rng.random() < 0.3
+            fault = cls.KINDS[len(cls.faults) % len(cls.KINDS)] if faulty else None  # every kind, in turn
+            if fault:
+                cls.faults.append(fault)
+        if fault in ("429", "500", "503"):
+            self._send(int(fault), b'{"error": {"message": "injected"}}', {"Retry-After": "0"} if fault == "429" else {})
+        elif fault == "hang":
+            time.sleep(cls.hang)  # past the client's timeout; then the connection just closes
+        elif fault == "invalid JSON":
+            self._send(200, b"<html>upstream hiccup</html>")
+        elif fault == "truncated body":
+            self._send(200, b'{"id": "x", "object": "chat.completion", "choices": [{"index"', sent_length=200)
+        else:
+            request = urllib.request.Request(cls.upstream + self.path.removeprefix("/v1"), data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                upstream = json.loads(answer.read())
+            for choice in upstream["choices"]:
+                with cls.lock:
+                    cls.texts.add((choice.get("message") or {}).get("content") or choice.get("text") or "")
+            if fault == "empty choices":
+                upstream["choices"] = []
+            elif fault == "missing message":
+                upstream["choices"] = [{"index": 0, "finish_reason": "stop"}]
+            self._send(200, json.dumps(upstream).encode())
+
+    def _send(self, status: int, body: bytes, headers: dict | None = None, sent_length: int | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(sent_length or len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_wasp_completes_through_a_proxy_that_breaks_30_percent_of_answers(llama_server: str, tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    """Issue 16: 429, 5xx, hangs past the timeout, invalid JSON, truncated bodies, empty choices and missing
+    messages in front of the real llama.cpp server; the run finishes, counts every retry in metrics.json and
+    run.log, and every sample is a text the real server wrote."""
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    _FaultyProxy.upstream, _FaultyProxy.hang = llama_server, 6.0
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), _FaultyProxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    private = tmp_path / "private.csv"
+    private.write_text("text,label\n" + "".join(
+        f"{'A joyful, moving film' if i % 2 else 'A dull, lifeless film'} number {i}.,{'pos' if i % 2 else 'neg'}\n"
+        for i in range(12)))
+    config = parse_config({
+        "data": {"private": str(private)},
+        "task": {"text_kind": "movie review", "labels": {"pos": "a positive review", "neg": "a negative review"}},
+        "generators": [{"kind": "openai", "model": "smollm2", "name": "faulty",
+                        "base_url": f"http://127.0.0.1:{proxy.server_port}/v1", "max_concurrency": 1,
+                        "timeout": 4.0, "max_retries": 3}],
+        "wasp": {"n": 36, "iterations": 2, "q": 2, "s": 2, "max_tokens": 12},
+        "privacy": {"epsilon": 2.0, "delta": 1e-3, "noise_seed": 0},
+        "evaluate": False,
+    })
+    try:
+        Run.create(config, tmp_path / "run").execute()
+    finally:
+        proxy.shutdown()
+    faults = _FaultyProxy.faults
+    attempts = sum(_FaultyProxy.attempts.values())
+    print(f"{attempts} requests reached the proxy; {len(faults)} faults injected: {faults}")
+    assert set(faults) == set(_FaultyProxy.KINDS), faults  # the seeded schedule reaches every kind
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["usage"]["faulty"]["retries"] == len(faults), (metrics["usage"], faults)
+    assert f"'faulty': {len(faults)}" in (tmp_path / "run" / "run.log").read_text()
+    samples = [json.loads(x)["text"] for x in (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()]
+    assert len(samples) >= 12
+    def words(text: str) -> str:  # samples are cleaned (quotes, "Review:" prefixes, cut at a stop)
+        return " ".join(re.findall(r"[a-z0-9']+", text.lower()))
+
+    written = " | ".join(words(t) for t in _FaultyProxy.texts)
+    strays = [s for s in samples if words(s) not in written]
+    assert not strays, f"samples the real server did not write: {strays}"
