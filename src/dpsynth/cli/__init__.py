@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from dpsynth.cli.audit import audit
 from dpsynth.cli.bench import bench
 from dpsynth.cli.budget import budget
 from dpsynth.cli.evaluate import evaluate
@@ -37,6 +38,7 @@ _typer_app.command("run")(run)
 _typer_app.command("demo")(demo)
 _typer_app.command("eval")(evaluate)
 _typer_app.command("bench")(bench)
+_typer_app.command("audit")(audit)
 
 
 def app() -> None:

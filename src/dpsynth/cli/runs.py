@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 import typer
 from rich.console import Console, RenderableType
@@ -84,19 +85,7 @@ def _default_dir() -> Path:
 def _execute(config: RunConfig | None, run_dir: Path) -> None:
     from dpsynth.runs.engine import Run
 
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-        transient=False,
-    ) as progress:
-        tasks: dict[str, int] = {}
-
-        def report(what: str, done: int, total: int) -> None:
-            # "phase: details" updates one bar per phase (e.g. the DP training's epsilon so far)
-            phase = what.split(": ", 1)[0] if what.startswith("DP ") else what
-            if phase not in tasks:
-                tasks[phase] = progress.add_task(what, total=total)
-            progress.update(tasks[phase], completed=done, total=max(total, done), description=what)
-
+    with progress_bars() as (progress, report):
         runner = Run.resume(run_dir, progress=report) if config is None else Run.create(
             config, run_dir, progress=report
         )
@@ -112,6 +101,25 @@ def _execute(config: RunConfig | None, run_dir: Path) -> None:
             )
             raise typer.Exit(130) from None
     _print_summary(run_dir, result)
+
+
+@contextmanager
+def progress_bars() -> Iterator[tuple[Progress, Callable[[str, int, int], None]]]:
+    """One bar per phase of a run; the callback is the engine's `progress`."""
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+        transient=False,
+    ) as progress:
+        tasks: dict[str, int] = {}
+
+        def report(what: str, done: int, total: int) -> None:
+            # "phase: details" updates one bar per phase (e.g. the DP training's epsilon so far)
+            phase = what.split(": ", 1)[0] if what.startswith("DP ") else what
+            if phase not in tasks:
+                tasks[phase] = progress.add_task(what, total=total)
+            progress.update(tasks[phase], completed=done, total=max(total, done), description=what)
+
+        yield progress, report
 
 
 def _print_summary(run_dir: Path, result: dict) -> None:

@@ -1,0 +1,158 @@
+"""`dpsynth audit`: the one-run bound against brute force and simulations, the membership signals, canaries,
+and the audit end to end: it refutes a run that leaks, and does not refute a DP run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fakes import FakeGenerator
+
+from dpsynth.audit.bound import audit_scores, epsilon_lower_bound, p_value
+from dpsynth.audit.canaries import plant_canaries
+from dpsynth.audit.signals import bigram_overlap, char_ngram_loglik, nearest_similarity
+from dpsynth.data.records import TaskSpec
+from dpsynth.methods.fusegen import FuseGen, FuseGenOptions
+from dpsynth.methods.generation import SyntheticSample
+from dpsynth.methods.registry import register
+from dpsynth.runs.config import parse_config
+
+TASK = TaskSpec("movie review", {"pos": "a positive review", "neg": "a negative review"})
+
+
+def test_p_value_is_the_binomial_tail_without_delta() -> None:
+    m, r, v, eps = 40, 20, 15, 0.7
+    q = 1 / (1 + math.exp(-eps))
+    brute = sum(math.comb(r, k) * q**k * (1 - q) ** (r - k) for k in range(v, r + 1))
+    assert p_value(m, r, v, eps, 0.0) == pytest.approx(brute, rel=1e-9)
+    assert p_value(m, r, v, eps, 1e-3) > p_value(m, r, v, eps, 0.0)  # delta only makes refuting harder
+
+
+def test_all_guesses_right_gives_the_closed_form_bound() -> None:
+    # delta 0, v = r: p(eps) = q^r, so the bound is logit(beta^(1/r))
+    r, beta = 50, 0.05
+    q = beta ** (1 / r)
+    assert epsilon_lower_bound(100, r, r, 0.0, beta) == pytest.approx(math.log(q / (1 - q)), abs=1e-6)
+    assert epsilon_lower_bound(100, r, r // 2, 0.0, beta) == 0.0  # chance-level guessing refutes nothing
+    assert epsilon_lower_bound(100, r, r, 1e-5, beta) <= epsilon_lower_bound(100, r, r, 0.0, beta)
+
+
+@pytest.mark.parametrize("true_epsilon", [0.5, 1.0, 2.0])
+def test_bound_stays_below_the_truth_for_randomized_response(true_epsilon: float) -> None:
+    """Randomized response is exactly eps-DP per canary: at 95% confidence the bound may refute the truth in
+    ~5% of audits and no more (at most 2 of 30 seeded audits here), and comes close to it with many canaries."""
+    rng = np.random.default_rng(0)
+    m, q = 1000, 1 / (1 + math.exp(-true_epsilon))
+    bounds = []
+    for _ in range(30):
+        included = rng.random(m) < 0.5
+        answer = np.where(rng.random(m) < q, included, ~included)  # the run's output: a noisy copy
+        bounds.append(audit_scores({"rr": answer.astype(float)}, included, delta=0.0, beta=0.05,
+                                   seed=1)["epsilon_lower_bound"])
+    assert sum(b > true_epsilon for b in bounds) <= 2, bounds
+    assert np.median(bounds) > 0.5 * true_epsilon
+
+
+def test_a_leak_is_refuted_beyond_its_claim() -> None:
+    rng = np.random.default_rng(1)
+    included = rng.random(64) < 0.5
+    result = audit_scores({"perfect": included.astype(float), "noise": rng.random(64)}, included, delta=1e-5,
+                          beta=0.05, seed=0)
+    assert result["epsilon_lower_bound"] > 1.5 and result["best"]["signal"] == "perfect"
+    assert result["signals"]["perfect"]["auc"] == 1.0
+
+
+def test_signals_rank_a_copied_canary_above_an_absent_one() -> None:
+    canaries = ["the zorbix fleemut of quarnis stays", "the plavok driment of sutherby stays"]
+    synthetic = ["A warm film.", "I loved the zorbix fleemut of quarnis stays with me", "Dull and slow."]
+    assert bigram_overlap(canaries, synthetic)[0] > bigram_overlap(canaries, synthetic)[1]
+    assert char_ngram_loglik(canaries, synthetic)[0] > char_ngram_loglik(canaries, synthetic)[1]
+    emb = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert list(nearest_similarity(emb, np.array([[0.9, 0.1]]))) == pytest.approx([0.9 / math.hypot(0.9, 0.1),
+                                                                                   0.1 / math.hypot(0.9, 0.1)])
+
+
+def test_canaries_are_seeded_distinct_and_take_turns() -> None:
+    a, b = plant_canaries(TASK, 40, seed=3), plant_canaries(TASK, 40, seed=3)
+    assert a == b and a != plant_canaries(TASK, 40, seed=4)
+    assert len({c.text for c in a}) == 40
+    assert [c.label for c in a[:4]] == ["pos", "neg", "pos", "neg"]
+    assert {c.kind for c in a} == {"random_words", "rare_phrase"}
+    assert 10 <= sum(c.included for c in a) <= 30
+
+
+@register
+class _LeakyFewShot(FuseGen):
+    """A broken method for the audit to catch: it claims no private data (epsilon 0) but puts private records
+    in its prompts, and its model copies them (here the copy is made directly)."""
+
+    name = "test-leaky-fewshot"
+    Options = FuseGenOptions
+
+    def step(self, ctx, state, t):
+        record = super().step(ctx, state, t)
+        rows = [json.loads(line) for line in Path(self.config.data.private).read_text().splitlines()]
+        state.samples = state.samples + [SyntheticSample(10_000 + i, f"Like this one: {row['text']}", row["label"],
+                                                         "leaky", t) for i, row in enumerate(rows)]
+        return record
+
+
+def _config(tmp_path: Path, method: str, epsilon: float) -> dict:
+    csv = tmp_path / "private.csv"
+    csv.write_text("text,label\n" + "".join(f"private review number {i} about a {'great' if i % 3 else 'poor'} "
+                                            f"film,{'pos' if i % 3 else 'neg'}\n" for i in range(30)))
+    return {
+        "method": method,
+        "data": {"private": str(csv)},
+        "task": {"text_kind": "review", "labels": {"pos": "a positive review", "neg": "a negative review"}},
+        "generators": [{"kind": "fake", "model": "a"}],
+        method: {"n": 40} if method != "augpe" else {"n": 24, "iterations": 3},
+        "privacy": {"epsilon": epsilon, "delta": 1e-4},
+        "seed": 2,
+    }
+
+
+@pytest.fixture
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    FakeGenerator.calls = []
+
+
+def test_audit_refutes_a_method_that_leaks_private_records_into_its_prompts(tmp_path: Path, _isolated) -> None:
+    from dpsynth.audit.run_audit import run_audit
+
+    result = run_audit(parse_config(_config(tmp_path, "test-leaky-fewshot", 1.0)), tmp_path / "audit", canaries=64)
+    print(result["best"], {k: v["auc"] for k, v in result["signals"].items()})
+    assert result["claimed_epsilon"] == 0.0
+    assert result["exceeds_claim"] and result["epsilon_lower_bound"] > 1.5, result["best"]
+    assert result["signals"]["ngrams"]["auc"] == 1.0
+    privacy = json.loads((tmp_path / "audit" / "run" / "privacy.json").read_text())
+    assert "LEAKS MORE THAN IT CLAIMS" in privacy["audit"]["line"]
+    assert not (tmp_path / "audit" / "private-with-canaries.jsonl").exists(), "the private file is removed"
+    private = (tmp_path / "private.csv").read_text().splitlines()[1:]
+    for path in (tmp_path / "audit").glob("*.json*"):
+        assert not any(row.split(",")[0] in path.read_text() for row in private), f"a private record in {path}"
+
+
+def test_audit_does_not_refute_a_dp_run_and_resumes(tmp_path: Path, _isolated) -> None:
+    from dpsynth.audit.run_audit import run_audit
+
+    config = parse_config(_config(tmp_path, "augpe", 1.0))
+    FakeGenerator.fail_after = 30  # the audited run crashes midway; the audit resumes it
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_audit(config, tmp_path / "audit", canaries=64)
+    finally:
+        FakeGenerator.fail_after = None
+    paid = len(FakeGenerator.calls)
+    result = run_audit(config, tmp_path / "audit", canaries=64)
+    print(result["best"], {k: v["auc"] for k, v in result["signals"].items()})
+    assert 0 < result["claimed_epsilon"] <= 1.0 + 1e-6
+    assert not result["exceeds_claim"] and result["epsilon_lower_bound"] <= 1.0, result["best"]
+    events = json.loads((tmp_path / "audit" / "run" / "privacy.json").read_text())["events"]
+    assert len({e["name"] for e in events}) == len(events), "the resumed audit spent nothing twice"
+    usage = json.loads((tmp_path / "audit" / "run" / "metrics.json").read_text())["usage"]
+    assert paid > 0 and sum(u["cached"] for u in usage.values()) > 0, "the resume reused generations paid before"
