@@ -79,5 +79,15 @@ def test_paired_intervals_cover_a_known_difference_and_are_empty_for_identical_m
     assert "| wasp | x | 4 | fusegen | 5 | +7.97 * |" in text
     rows += [{"variant": "half", "plms": "x", "epsilon": 4.0, "seed": s, "correct": a[s]} for s in range(5)]
     rows += [{"variant": "fusegen-half", "plms": "x", "epsilon": None, "seed": s, "correct": a[s]} for s in range(5)]
-    text = paired_markdown(rows, "fusegen", {"half": "fusegen-half"})
+    text = paired_markdown(rows, "fusegen", {"half": ["fusegen-half"]})
     assert "| half | x | 4 | fusegen-half | 5 | +0.00 |" in text, "a variant is paired with its own comparator"
+    text = paired_markdown(rows, "fusegen", {"half": ["fusegen-half", "fusegen"]})
+    assert "| half | x | 4 | fusegen-half | 5 | +0.00 |" in text and "| half | x | 4 | fusegen | 5 | +7.97 * |" in text
+
+
+def test_a_variant_may_be_paired_with_several_comparators() -> None:
+    from dpsynth.bench.grid import Variant
+
+    assert Variant(name="a", method="augpe", compare_with="z").paired_with() == ["z"]
+    assert Variant(name="a", method="augpe", compare_with=["z", "f"]).paired_with() == ["z", "f"]
+    assert Variant(name="a", method="augpe").paired_with() == []

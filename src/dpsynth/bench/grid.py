@@ -14,7 +14,7 @@ import copy
 import csv
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,8 +36,12 @@ class Variant(BaseModel):
                                             "inf = non-private reference")
     plms: Optional[list[str]] = Field(None, description="generator names to use (Aug-PE: each runs alone)")
     seeds: Optional[list[int]] = Field(None, description="this variant's seeds (default: the bench's)")
-    compare_with: Optional[str] = Field(None, description="the variant this one is paired with (default: the "
-                                        "bench's baseline), e.g. a zero-shot run with the same number of outputs")
+    compare_with: Optional[Union[str, list[str]]] = Field(
+        None, description="the variant(s) this one is paired with (default: the bench's baseline), e.g. the "
+        "zero-shot runs with the same number of outputs and with the same number of generator calls")
+
+    def paired_with(self) -> list[str]:
+        return [self.compare_with] if isinstance(self.compare_with, str) else list(self.compare_with or [])
 
 
 class BenchConfig(BaseModel):

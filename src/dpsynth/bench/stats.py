@@ -35,8 +35,8 @@ def paired_difference(a: dict[int, list[int]], b: dict[int, list[int]], *, draws
     return {"seeds": len(seeds), "difference": float(diff.mean()), "low": float(low), "high": float(high)}
 
 
-def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, str] | None = None) -> list[dict]:
-    """Each (variant, PLMs, epsilon) against its baseline variant (the bench's, or the variant's own
+def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None) -> list[dict]:
+    """Each (variant, PLMs, epsilon) against its baseline variant (the bench's, or each of the variant's own
     `compare_with`), paired by seed and test example."""
     compare_with = compare_with or {}
     groups: dict[tuple, dict[int, list[int]]] = defaultdict(dict)
@@ -45,15 +45,15 @@ def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, str] |
             groups[(r["variant"], r["plms"], r["epsilon"])][r["seed"]] = r["correct"]
     out = []
     for (variant, plms, eps), by_seed in groups.items():
-        against = compare_with.get(variant, baseline)
-        base = {r["seed"]: r["correct"] for r in rows if r["variant"] == against and r.get("correct")}
-        if variant != against and set(by_seed) & set(base):
-            out.append({"variant": variant, "plms": plms, "epsilon": eps, "versus": against,
-                        **paired_difference(by_seed, base)})
+        for against in compare_with.get(variant) or [baseline]:
+            base = {r["seed"]: r["correct"] for r in rows if r["variant"] == against and r.get("correct")}
+            if variant != against and set(by_seed) & set(base):
+                out.append({"variant": variant, "plms": plms, "epsilon": eps, "versus": against,
+                            **paired_difference(by_seed, base)})
     return out
 
 
-def paired_markdown(rows: list[dict], baseline: str, compare_with: dict[str, str] | None = None) -> str:
+def paired_markdown(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None) -> str:
     table = paired_table(rows, baseline, compare_with)
     if not table:
         return ""

