@@ -156,3 +156,40 @@ def test_audit_does_not_refute_a_dp_run_and_resumes(tmp_path: Path, _isolated) -
     assert len({e["name"] for e in events}) == len(events), "the resumed audit spent nothing twice"
     usage = json.loads((tmp_path / "audit" / "run" / "metrics.json").read_text())["usage"]
     assert paid > 0 and sum(u["cached"] for u in usage.values()) > 0, "the resume reused generations paid before"
+
+
+@register
+class _FewShotPromptLeak(FuseGen):
+    """A broken method with a real model: every private record goes into a prompt ("a review like this one"),
+    and whatever the model writes is output, while the method claims it uses no private data."""
+
+    name = "test-fewshot-prompt-leak"
+    Options = FuseGenOptions
+
+    def step(self, ctx, state, t):
+        from dpsynth.llm.base import GenerationRequest
+
+        rows = [json.loads(line) for line in Path(self.config.data.private).read_text().splitlines()]
+        generator = next(iter(ctx.generators.values()))
+        requests = [GenerationRequest(messages=(("user", f"Here is a movie review:\n{row['text']}\n\nWrite it out "
+                                                          "again, word for word."),), max_tokens=48, seed=i)
+                    for i, row in enumerate(rows)]
+        results = generator.generate(requests)
+        state.samples = [SyntheticSample(i, " ".join(r.text.split()), row["label"], generator.name, t)
+                         for i, (row, r) in enumerate(zip(rows, results)) if r.text.strip()]
+        return {"iteration": t}
+
+
+@pytest.mark.slow
+def test_audit_refutes_a_prompt_leak_with_the_real_smollm2(tmp_path: Path, _isolated) -> None:
+    from dpsynth.audit.run_audit import run_audit
+
+    raw = _config(tmp_path, "test-fewshot-prompt-leak", 1.0)
+    raw["generators"] = [{"model": "smollm2-135m-instruct", "name": "smol"}]
+    raw["data"]["private"] = str(tmp_path / "few.csv")
+    (tmp_path / "few.csv").write_text("text,label\n" + "".join(
+        f"{'A warm and funny film' if i % 2 else 'A dull and slow film'} number {i},{'pos' if i % 2 else 'neg'}\n"
+        for i in range(12)))
+    result = run_audit(parse_config(raw), tmp_path / "audit", canaries=64)
+    print(result["best"], {k: v["auc"] for k, v in result["signals"].items()})
+    assert result["exceeds_claim"] and result["epsilon_lower_bound"] > 0.5, result["best"]  # claim: 0

@@ -80,5 +80,8 @@ def audit_scores(scores: dict[str, np.ndarray], included: np.ndarray, *, delta: 
                 best = found
         per_signal[name] = {"auc": float(roc_auc_score(included, values)) if both else None, "guesses": rows}
     assert best is not None
+    everything = m - m % 2
     return {"canaries": m, "included": int(included.sum()), "confidence": 1 - beta, "delta": delta,
-            "epsilon_lower_bound": best.epsilon_lower_bound, "best": asdict(best), "signals": per_signal}
+            "epsilon_lower_bound": best.epsilon_lower_bound, "best": asdict(best), "signals": per_signal,
+            # what perfect guesses on every canary would refute: the reach of this many canaries
+            "largest_possible_bound": epsilon_lower_bound(m, everything, everything, delta, beta / tests)}

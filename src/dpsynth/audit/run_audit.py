@@ -128,4 +128,6 @@ def audit_line(result: dict[str, Any]) -> str:
             f"{best['signal']}: {best['right']}/{best['guessed']} guesses right)")
     if result["exceeds_claim"]:
         line += ": THE RUN LEAKS MORE THAN IT CLAIMS"
+    else:
+        line += f"; {result['canaries']} canaries cannot refute more than {result['largest_possible_bound']:.2f}"
     return line

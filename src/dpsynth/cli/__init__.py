@@ -10,6 +10,7 @@ from dpsynth.cli.audit import audit
 from dpsynth.cli.bench import bench
 from dpsynth.cli.budget import budget
 from dpsynth.cli.evaluate import evaluate
+from dpsynth.cli.report import report
 from dpsynth.cli.runs import demo, run
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.quiet import set_verbose
@@ -39,6 +40,7 @@ _typer_app.command("demo")(demo)
 _typer_app.command("eval")(evaluate)
 _typer_app.command("bench")(bench)
 _typer_app.command("audit")(audit)
+_typer_app.command("report")(report)
 
 
 def app() -> None:

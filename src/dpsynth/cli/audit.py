@@ -28,6 +28,8 @@ def audit(
 
     if (config is None) == (run_dir is None):
         raise DpsynthError("give either CONFIG or --run RUN_DIR")
+    if not 0.5 <= confidence < 1:
+        raise DpsynthError(f"--confidence must be in [0.5, 1), got {confidence}")
     reference_wall = None
     if run_dir is not None:
         d = RunDir(run_dir)
