@@ -15,6 +15,7 @@ from dpsynth.audit.bound import audit_scores, epsilon_lower_bound, p_value
 from dpsynth.audit.canaries import plant_canaries
 from dpsynth.audit.signals import bigram_overlap, char_ngram_loglik, nearest_similarity
 from dpsynth.data.records import TaskSpec
+from dpsynth.errors import DpsynthError
 from dpsynth.methods.fusegen import FuseGen, FuseGenOptions
 from dpsynth.methods.generation import SyntheticSample
 from dpsynth.methods.registry import register
@@ -84,7 +85,6 @@ def test_canaries_are_seeded_distinct_and_take_turns() -> None:
     assert 10 <= sum(c.included for c in a) <= 30
 
 
-@register
 class _LeakyFewShot(FuseGen):
     """A broken method for the audit to catch: it claims no private data (epsilon 0) but puts private records
     in its prompts, and its model copies them (here the copy is made directly)."""
@@ -116,9 +116,19 @@ def _config(tmp_path: Path, method: str, epsilon: float) -> dict:
 
 
 @pytest.fixture
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The broken methods are registered only while a test of this module runs (registering them at import
+    would add them to other modules' every-method tests)."""
+    from dpsynth.methods import registry
+
     monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
     FakeGenerator.calls = []
+    registry.method_names()  # load the built-in methods first
+    for cls in (_LeakyFewShot, _FewShotPromptLeak):
+        register(cls)
+    yield
+    for cls in (_LeakyFewShot, _FewShotPromptLeak):
+        registry._METHODS.pop(cls.name, None)
 
 
 def test_audit_refutes_a_method_that_leaks_private_records_into_its_prompts(tmp_path: Path, _isolated) -> None:
@@ -133,8 +143,18 @@ def test_audit_refutes_a_method_that_leaks_private_records_into_its_prompts(tmp_
     assert "LEAKS MORE THAN IT CLAIMS" in privacy["audit"]["line"]
     assert not (tmp_path / "audit" / "private-with-canaries.jsonl").exists(), "the private file is removed"
     private = (tmp_path / "private.csv").read_text().splitlines()[1:]
-    for path in (tmp_path / "audit").glob("*.json*"):
-        assert not any(row.split(",")[0] in path.read_text() for row in private), f"a private record in {path}"
+    for name in ("audit.json", "canaries.jsonl", "audit-params.json"):
+        text = (tmp_path / "audit" / name).read_text()
+        assert not any(row.split(",")[0] in text for row in private), f"a private record in {name}"
+
+
+def test_audit_refuses_replace_adjacency(tmp_path: Path, _isolated) -> None:
+    from dpsynth.audit.run_audit import run_audit
+
+    raw = _config(tmp_path, "augpe", 1.0)
+    raw["privacy"]["adjacency"] = "replace"
+    with pytest.raises(DpsynthError, match="add/remove adjacency"):
+        run_audit(parse_config(raw), tmp_path / "audit")
 
 
 def test_audit_does_not_refute_a_dp_run_and_resumes(tmp_path: Path, _isolated) -> None:
@@ -147,6 +167,9 @@ def test_audit_does_not_refute_a_dp_run_and_resumes(tmp_path: Path, _isolated) -
             run_audit(config, tmp_path / "audit", canaries=64)
     finally:
         FakeGenerator.fail_after = None
+    assert not (tmp_path / "audit" / "private-with-canaries.jsonl").exists(), "a failed audit leaves no private file"
+    with pytest.raises(DpsynthError, match="--seed changed since this audit started"):
+        run_audit(config, tmp_path / "audit", canaries=64, seed=1)  # other coins: another dataset mid-run
     paid = len(FakeGenerator.calls)
     result = run_audit(config, tmp_path / "audit", canaries=64)
     print(result["best"], {k: v["auc"] for k, v in result["signals"].items()})
@@ -158,7 +181,6 @@ def test_audit_does_not_refute_a_dp_run_and_resumes(tmp_path: Path, _isolated) -
     assert paid > 0 and sum(u["cached"] for u in usage.values()) > 0, "the resume reused generations paid before"
 
 
-@register
 class _FewShotPromptLeak(FuseGen):
     """A broken method with a real model: every private record goes into a prompt ("a review like this one"),
     and whatever the model writes is output, while the method claims it uses no private data."""

@@ -1,14 +1,18 @@
 """`dpsynth audit`: plant canaries, run the configured method on the private data with them, score, bound.
 
-The audit directory belongs to the data holder: while the audited run is under way it holds the private
-set with the canaries (`private-with-canaries.jsonl`, rebuilt identically on resume and deleted at the
-end). What it leaves is the audited run (synthetic output, privacy.json with the audit next to the
-claimed epsilon), `audit.json` and `canaries.jsonl` (the planted texts, their coins and scores: no private
-record). The audited run resumes like any run, so an interrupted audit loses no paid-for generation.
+The audit directory belongs to the data holder. While the audited run is under way it holds the private
+set with the canaries (`private-with-canaries.jsonl`, deleted as soon as the run stops, whether it ends or
+fails, and rebuilt identically on resume: `audit-params.json` pins the seed, the number of canaries and
+the file's hash, and a resume that would rebuild a different file is refused). The audited run in `run/`
+is a release computed from the real private records (plus canaries): its output costs privacy like the
+run it audits, so share `audit.json`, not `run/`. `canaries.jsonl` holds the planted texts, their coins
+and scores (no private record). The audited run resumes like any run: an interrupted audit loses no
+paid-for generation.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -23,13 +27,15 @@ from dpsynth.config import RunConfig
 from dpsynth.data.public import task_for
 from dpsynth.embed.sentence import SentenceTransformerEmbedder
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir, atomic_write_text
+from dpsynth.fs import RunDir, atomic_write_text, lock_run_dir
 from dpsynth.private.dataset import load_private
+from dpsynth.privacy.accountant import Adjacency
 from dpsynth.runs.config import dump_config, parse_config
 from dpsynth.runs.engine import Run
 
 DEFAULT_CANARIES = 64
 PRIVATE_FILE = "private-with-canaries.jsonl"
+PARAMS_FILE = "audit-params.json"
 
 
 def _audited_config(config: RunConfig, private_file: Path) -> RunConfig:
@@ -42,12 +48,30 @@ def _audited_config(config: RunConfig, private_file: Path) -> RunConfig:
     return parse_config(raw, "audited config")
 
 
-def _write_private_with_canaries(config: RunConfig, canaries: list[Canary], path: Path, seed: int) -> None:
+def _private_with_canaries(config: RunConfig, canaries: list[Canary], seed: int) -> str:
+    """The real records and every canary shuffled once, then the held-out canaries dropped: the records'
+    order does not depend on the coins, so adding a canary changes nothing but its own presence."""
     records = load_private(config).records
-    rows = [(t, y) for t, y in zip(records.texts, records.labels)] + [(c.text, c.label) for c in canaries
-                                                                       if c.included]
+    rows = [(t, y, True) for t, y in zip(records.texts, records.labels)] + [(c.text, c.label, c.included)
+                                                                             for c in canaries]
     order = np.random.default_rng([seed, 0x5EED]).permutation(len(rows))
-    atomic_write_text(path, "".join(json.dumps({"text": rows[i][0], "label": rows[i][1]}) + "\n" for i in order))
+    return "".join(json.dumps({"text": rows[i][0], "label": rows[i][1]}) + "\n" for i in order if rows[i][2])
+
+
+def _check_params(out: Path, params: dict[str, Any]) -> None:
+    """An audit directory belongs to one (seed, canaries, private set): refuse to resume with others."""
+    path = out / PARAMS_FILE
+    if path.exists():
+        before = json.loads(path.read_text())
+        changed = [k for k in params if before.get(k) != params[k]]
+        if len(changed) > 1:  # other canaries make another file: name the setting, not its consequence
+            changed.remove("private_sha256")
+        if changed:
+            what = ", ".join("the private data" if k == "private_sha256" else f"--{k}" for k in changed)
+            raise DpsynthError(f"{out}: {what} changed since this audit started; its run used other canaries. "
+                               "Use another -o directory (or the audit's own settings, in audit-params.json)")
+    else:
+        atomic_write_text(path, json.dumps(params, indent=2))
 
 
 def run_audit(config: RunConfig, out: Path, *, canaries: int = DEFAULT_CANARIES, seed: int = 0,
@@ -61,50 +85,74 @@ def run_audit(config: RunConfig, out: Path, *, canaries: int = DEFAULT_CANARIES,
         raise DpsynthError("an audit plants canaries in one private file; federated.partition "
                            f"'{config.federated.partition}' keeps the data with the parties: audit a simulation "
                            "with partition iid or dirichlet instead")
+    if config.privacy.adjacency != Adjacency.ADD_REMOVE:
+        raise DpsynthError("the audit adds or removes canaries, which tests add/remove adjacency; this run is "
+                           "accounted under replace adjacency, whose epsilon does not bound add/remove's: audit it "
+                           "with privacy.adjacency: add_remove")
     if not 0.5 <= confidence < 1:
         raise DpsynthError(f"--confidence must be in [0.5, 1), got {confidence}")
     t0 = time.perf_counter()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    planted = plant_canaries(task_for(config), canaries, seed)
-    private_file = out / PRIVATE_FILE
-    run_dir = RunDir(out / "run")
-    if not run_dir.is_finished():
-        _write_private_with_canaries(config, planted, private_file, seed)
-        audited = _audited_config(config, private_file)
-        runner = (Run.resume(run_dir.root, progress=progress) if run_dir.is_started()
-                  else Run.create(audited, run_dir.root, progress=progress))
-        runner.execute()
-    private_file.unlink(missing_ok=True)
-    run_seconds = json.loads(run_dir.metrics.read_text())["timings"]["wall"]
+    lock = lock_run_dir(RunDir(out))  # one audit per directory: the private file and privacy.json are shared
+    try:
+        planted = plant_canaries(task_for(config), canaries, seed)
+        private_file = out / PRIVATE_FILE
+        run_dir = RunDir(out / "run")
+        text = _private_with_canaries(config, planted, seed)
+        _check_params(out, {"seed": seed, "canaries": canaries,
+                            "private_sha256": hashlib.sha256(text.encode()).hexdigest()})
+        run_time = 0.0
+        if not run_dir.is_finished():
+            started = time.perf_counter()
+            try:
+                atomic_write_text(private_file, text)
+                audited = _audited_config(config, private_file)
+                runner = (Run.resume(run_dir.root, progress=progress) if run_dir.is_started()
+                          else Run.create(audited, run_dir.root, progress=progress))
+                runner.execute()
+            finally:
+                private_file.unlink(missing_ok=True)
+                run_time = time.perf_counter() - started
+        result = _score(config, run_dir, planted, seed=seed, confidence=confidence)
+        # the audited run's wall (across interruptions) plus everything else the audit did in this call
+        wall = result["cost"]["audited_run_seconds"] + time.perf_counter() - t0 - run_time
+        result["cost"]["audit_seconds"] = wall
+        if reference_wall:
+            result["cost"]["ratio_to_audited_run"] = wall / reference_wall
+        atomic_write_text(out / "audit.json", json.dumps(result, indent=2))
+        atomic_write_text(out / "config.yaml", dump_config(config))
+        privacy = json.loads(run_dir.privacy.read_text())
+        privacy["audit"] = audit_summary(result)
+        atomic_write_text(run_dir.privacy, json.dumps(privacy, indent=2))
+        return result
+    finally:
+        if lock is not None:
+            lock.close()
 
+
+def _score(config: RunConfig, run_dir: RunDir, planted: list[Canary], *, seed: int,
+           confidence: float) -> dict[str, Any]:
+    """Membership scores of every canary from the synthetic output alone, and the bound they give."""
     synthetic = [json.loads(line)["text"] for line in run_dir.synthetic.read_text().splitlines() if line.strip()]
     embedder = SentenceTransformerEmbedder(config.embedder)
     texts = [c.text for c in planted]
     scores = membership_scores(texts, synthetic, embedder.encode(texts), embedder.encode(synthetic))
-    privacy = json.loads(run_dir.privacy.read_text())
-    claimed = privacy.get("epsilon")
-    result = audit_scores(scores, np.array([c.included for c in planted]), delta=privacy["delta"],
+    claimed = json.loads(run_dir.privacy.read_text()).get("epsilon")
+    # the run's full delta (the SecAgg+ clipping reserve included), the one its guarantee is stated at
+    result = audit_scores(scores, np.array([c.included for c in planted]), delta=config.privacy.delta,
                           beta=1 - confidence, seed=seed)
-    wall = time.perf_counter() - t0
-    result = {
+    atomic_write_text(run_dir.root.parent / "canaries.jsonl", "".join(
+        json.dumps({"text": c.text, "label": c.label, "kind": c.kind, "included": c.included,
+                    **{k: float(v[i]) for k, v in scores.items()}}) + "\n" for i, c in enumerate(planted)))
+    return {
         "claimed_epsilon": claimed,
         **result,
         "exceeds_claim": claimed is not None and result["epsilon_lower_bound"] > claimed,
         "method": config.method,
         "seed": seed,
         "synthetic_samples": len(synthetic),
-        "cost": {"audited_run_seconds": run_seconds, "audit_seconds": wall,
-                 **({"ratio_to_audited_run": wall / reference_wall} if reference_wall else {})},
+        "cost": {"audited_run_seconds": json.loads(run_dir.metrics.read_text())["timings"]["wall"]},
     }
-    atomic_write_text(out / "audit.json", json.dumps(result, indent=2))
-    atomic_write_text(out / "canaries.jsonl", "".join(
-        json.dumps({"text": c.text, "label": c.label, "kind": c.kind, "included": c.included,
-                    **{k: float(v[i]) for k, v in scores.items()}}) + "\n" for i, c in enumerate(planted)))
-    atomic_write_text(out / "config.yaml", dump_config(config))
-    privacy["audit"] = audit_summary(result)
-    atomic_write_text(run_dir.privacy, json.dumps(privacy, indent=2))
-    return result
 
 
 def audit_summary(result: dict[str, Any]) -> dict[str, Any]:

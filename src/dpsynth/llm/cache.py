@@ -153,13 +153,16 @@ class RequestCache:
             self._retry(lambda: self._db.execute("BEGIN IMMEDIATE"))
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def claim(self, keys: Sequence[str]) -> tuple[set[str], dict[str, int]]:
-        """Claim the keys no live process has claimed; returns them and {key: pid} of the others' claims."""
+        """Claim the keys no live process has claimed and nobody has answered yet; returns them and {key: pid}
+        of the others' claims. Keys answered meanwhile are in neither (the caller reads them from the cache):
+        looking them up inside the same transaction closes the gap in which another process could store a
+        result and release its claim between the caller's lookup and this claim."""
         now = time.time()
         mine: set[str] = set()
         theirs: dict[str, int] = {}
@@ -172,7 +175,11 @@ class RequestCache:
                     chunk,
                 ).fetchall()
                 held = {key: (owner, host, pid, renewed) for key, owner, host, pid, renewed in rows}
+                answered = {key for (key,) in db.execute(
+                    f"SELECT key FROM generations WHERE key IN ({','.join('?' * len(chunk))})", chunk)}
                 for key in chunk:
+                    if key in answered:
+                        continue
                     claim = held.get(key)
                     if claim is None or claim[0] == self.owner or _claim_is_void(*claim[1:], now):
                         mine.add(key)
@@ -251,7 +258,7 @@ class CachedGenerator:
                 unanswered = [i for i in ours if results[i] is None]
                 if unanswered:
                     raise DpsynthError(f"{self.name}: the backend returned no result for {len(unanswered)} request(s)")
-            else:
+            elif theirs:
                 pids = set(theirs.values())
                 if not waiting_for >= pids:
                     log.info("%s: waiting for %d generation(s) that process(es) %s are paying for", self.name,
@@ -274,7 +281,10 @@ class CachedGenerator:
 
         def renew() -> None:
             while not stop.wait(HEARTBEAT):
-                self.cache.renew_claims()
+                try:
+                    self.cache.renew_claims()
+                except Exception as err:  # noqa: BLE001 - a missed renewal only risks another process paying too
+                    log.warning("%s: could not renew the claims on requests being generated (%s)", self.name, err)
 
         renewer = threading.Thread(target=renew, name="dpsynth-claims", daemon=True)
         renewer.start()

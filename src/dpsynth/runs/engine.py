@@ -62,7 +62,11 @@ class Run:
         self.dir = RunDir(run_dir)
         self._lock = lock_run_dir(self.dir)  # one process per run directory, until execute() returns
         self.progress = progress
-        self.plan: PrivacyPlan = plan_privacy(config)
+        try:
+            self.plan: PrivacyPlan = plan_privacy(config)
+        except BaseException:
+            self.close()
+            raise
         self.method = self.plan.method
         self._wall_before = 0.0
         self._start = time.perf_counter()
