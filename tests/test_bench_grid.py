@@ -91,3 +91,30 @@ def test_a_variant_may_be_paired_with_several_comparators() -> None:
     assert Variant(name="a", method="augpe", compare_with="z").paired_with() == ["z"]
     assert Variant(name="a", method="augpe", compare_with=["z", "f"]).paired_with() == ["z", "f"]
     assert Variant(name="a", method="augpe").paired_with() == []
+
+
+def test_paired_macro_f1_matches_sklearn_and_is_zero_for_identical_predictions() -> None:
+    import numpy as np
+    from sklearn.metrics import f1_score
+
+    from dpsynth.bench.stats import paired_f1_difference
+
+    rng = np.random.default_rng(1)
+    truth = list(rng.choice(["ham", "ham", "ham", "spam", "other"], size=400))
+    flip = lambda p: [t if rng.random() < p else str(rng.choice(["ham", "spam", "other"])) for t in truth]  # noqa: E731
+    a = {s: flip(0.9) for s in range(4)}
+    b = {s: flip(0.6) for s in range(4)}
+    d = paired_f1_difference(a, b, truth, draws=300)
+    want = np.mean([f1_score(truth, a[s], average="macro", labels=sorted(set(truth)))
+                    - f1_score(truth, b[s], average="macro", labels=sorted(set(truth))) for s in range(4)])
+    assert d["difference"] == pytest.approx(want, abs=1e-12)
+    assert d["low"] <= want <= d["high"] and d["low"] > 0
+    same = paired_f1_difference(a, a, truth, draws=50)
+    assert same["difference"] == same["low"] == same["high"] == 0.0
+
+
+def test_majority_line_gives_accuracy_and_macro_f1() -> None:
+    from dpsynth.cli.bench import majority_line
+
+    line = majority_line(["ham"] * 9 + ["spam"])
+    assert "accuracy 90.00%" in line and "macro-F1 47.37%" in line  # F1(ham) = 18/19, F1(spam) = 0

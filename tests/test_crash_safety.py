@@ -116,7 +116,9 @@ def _outcome(run_dir: Path) -> Outcome:
 
 
 # Files a run writes once, in order: the moments a kill can fall between.
-_REWRITTEN = {"state.json", "run.log", "embeddings.sqlite", "embeddings.sqlite-journal"}
+# (.lock is taken before anything else is written: a kill right after it leaves a directory with nothing
+# started, which `dpsynth run CONFIG -o DIR` starts again; not a moment to resume from.)
+_REWRITTEN = {"state.json", "run.log", "embeddings.sqlite", "embeddings.sqlite-journal", ".lock"}
 
 
 @dataclass

@@ -151,7 +151,7 @@ def _private_only(cell: dict, config, test) -> dict:
     scores = private_only_scores(config, test, seed=cell["seed"])
     return {**_keys(cell), "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
             "samples": scores["train_size"], "epsilon_spent": None, "note": "private samples, NOT DP (reference)",
-            "correct": scores["correct"]}
+            "correct": scores["correct"], "predicted": scores.get("predicted")}
 
 
 def _keys(cell: dict) -> dict:
@@ -177,6 +177,7 @@ def _row(cell: dict, cell_dir: RunDir) -> dict:
         **_federated_columns(metrics.get("federated")),
         "note": "",
         "correct": final["probe"].get("correct"),  # per test example (not written to results.csv)
+        "predicted": final["probe"].get("predicted"),  # per test example (not written to results.csv)
     }
 
 
@@ -191,7 +192,7 @@ def _federated_columns(fed: dict | None) -> dict:
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{k: v for k, v in r.items() if k != "correct"} for r in rows]
+    rows = [{k: v for k, v in r.items() if k not in ("correct", "predicted")} for r in rows]
     fields = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)

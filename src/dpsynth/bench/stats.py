@@ -35,29 +35,71 @@ def paired_difference(a: dict[int, list[int]], b: dict[int, list[int]], *, draws
     return {"seeds": len(seeds), "difference": float(diff.mean()), "low": float(low), "high": float(high)}
 
 
-def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None) -> list[dict]:
+def _macro_f1(truth: np.ndarray, pred: np.ndarray, classes: int) -> float:
+    """Macro-F1 over every class of the test split (sklearn's f1_score(average='macro', labels=all))."""
+    tp = np.bincount(truth[truth == pred], minlength=classes)
+    denominator = np.bincount(pred, minlength=classes) + np.bincount(truth, minlength=classes)
+    return float(np.mean(np.divide(2 * tp, denominator, out=np.zeros(classes), where=denominator > 0)))
+
+
+def paired_f1_difference(a: dict[int, list[str]], b: dict[int, list[str]], truth: list[str], *,
+                         draws: int = 2000, seed: int = 0) -> dict:
+    """Mean macro-F1 difference a - b over the seeds both have (predicted labels per test example), with a
+    95% bootstrap interval: seeds and, within each, test examples resampled as for accuracy."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        raise ValueError("no seed in common")
+    names = sorted(set(truth))
+    index = {name: i for i, name in enumerate(names)}
+    y = np.array([index[t] for t in truth])
+    pa = np.array([[index.get(p, -1) for p in a[s]] for s in seeds])
+    pb = np.array([[index.get(p, -1) for p in b[s]] for s in seeds])
+    if (pa < 0).any() or (pb < 0).any():
+        raise ValueError("a prediction outside the test split's labels")
+    k = len(names)
+
+    def difference(rows: np.ndarray, cols: np.ndarray) -> float:
+        return float(np.mean([_macro_f1(y[c], pa[r][c], k) - _macro_f1(y[c], pb[r][c], k)
+                              for r, c in zip(rows, cols)]))
+
+    everything = np.arange(len(y))
+    point = difference(np.arange(len(seeds)), np.tile(everything, (len(seeds), 1)))
+    rng = np.random.default_rng(seed)
+    stats = np.array([difference(rng.integers(0, len(seeds), size=len(seeds)),
+                                 rng.integers(0, len(y), size=(len(seeds), len(y)))) for _ in range(draws)])
+    low, high = np.percentile(stats, [2.5, 97.5])
+    return {"seeds": len(seeds), "difference": point, "low": float(low), "high": float(high)}
+
+
+def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None, *,
+                 truth: list[str] | None = None) -> list[dict]:
     """Each (variant, PLMs, epsilon) against its baseline variant (the bench's, or each of the variant's own
-    `compare_with`), paired by seed and test example."""
+    `compare_with`), paired by seed and test example: accuracy, or macro-F1 when `truth` (the test labels)
+    is given."""
     compare_with = compare_with or {}
-    groups: dict[tuple, dict[int, list[int]]] = defaultdict(dict)
+    key = "correct" if truth is None else "predicted"
+    groups: dict[tuple, dict[int, list]] = defaultdict(dict)
     for r in rows:
-        if r.get("correct"):
-            groups[(r["variant"], r["plms"], r["epsilon"])][r["seed"]] = r["correct"]
+        if r.get(key):
+            groups[(r["variant"], r["plms"], r["epsilon"])][r["seed"]] = r[key]
     out = []
     for (variant, plms, eps), by_seed in groups.items():
         for against in compare_with.get(variant) or [baseline]:
-            base = {r["seed"]: r["correct"] for r in rows if r["variant"] == against and r.get("correct")}
+            base = {r["seed"]: r[key] for r in rows if r["variant"] == against and r.get(key)}
             if variant != against and set(by_seed) & set(base):
-                out.append({"variant": variant, "plms": plms, "epsilon": eps, "versus": against,
-                            **paired_difference(by_seed, base)})
+                diff = (paired_difference(by_seed, base) if truth is None
+                        else paired_f1_difference(by_seed, base, truth))
+                out.append({"variant": variant, "plms": plms, "epsilon": eps, "versus": against, **diff})
     return out
 
 
-def paired_markdown(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None) -> str:
-    table = paired_table(rows, baseline, compare_with)
+def paired_markdown(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None, *,
+                    truth: list[str] | None = None) -> str:
+    table = paired_table(rows, baseline, compare_with, truth=truth)
     if not table:
         return ""
-    lines = ["Paired difference in accuracy vs a baseline variant (percentage points; 95% bootstrap interval over "
+    metric = "accuracy" if truth is None else "macro-F1"
+    lines = [f"Paired difference in {metric} vs a baseline variant (percentage points; 95% bootstrap interval over "
              "seeds and test examples):", "", "| method | PLMs | eps | vs | seeds | difference | 95% interval |",
              "|---|---|---|---|---|---|---|"]
     for t in table:

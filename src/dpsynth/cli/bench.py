@@ -10,19 +10,24 @@ import typer
 from dpsynth.errors import DpsynthError
 
 
-def majority_line(spec) -> str:
-    """The accuracy of always answering the test split's most frequent label (a floor for every row)."""
-    from collections import Counter
-
+def _test_labels(spec) -> list[str] | None:
     from dpsynth.data.public import load_test
     from dpsynth.runs.config import parse_config
 
-    raw = {**spec.base, "method": "fusegen"}
-    test = load_test(parse_config(raw, "bench base"))
-    if test is None:
+    test = load_test(parse_config({**spec.base, "method": "fusegen"}, "bench base"))
+    return None if test is None else list(test.labels)
+
+
+def majority_line(labels: list[str] | None) -> str:
+    """Always answering the test split's most frequent label: a floor for every row (its macro-F1 too)."""
+    from collections import Counter
+
+    if not labels:
         return ""
-    label, count = Counter(test.labels).most_common(1)[0]
-    return f"Majority-class reference on the test split: {100 * count / len(test):.2f}% ('{label}', n={len(test)})."
+    label, count = Counter(labels).most_common(1)[0]
+    f1 = 2 * count / (count + len(labels)) / len(set(labels))  # F1 of the majority class; 0 for every other
+    return (f"Majority-class reference on the test split: accuracy {100 * count / len(labels):.2f}%, macro-F1 "
+            f"{100 * f1:.2f}% ('{label}', n={len(labels)}).")
 
 
 def bench(
@@ -40,12 +45,15 @@ def bench(
     rows = run_grid(spec, out, log=typer.echo, run_missing=run)
     if not rows:
         raise DpsynthError(f"{out}: no finished cell to report")
-    table = markdown_table(rows)
+    labels = _test_labels(spec)
+    table = markdown_table(rows) + "\n\n" + markdown_table(rows, "macro_f1")
     compare_with = {v.name: v.paired_with() for v in spec.variants if v.compare_with}
     if spec.baseline and any(r["variant"] in (spec.baseline, *(b for bs in compare_with.values() for b in bs))
                              for r in rows):
         table += "\n\n" + paired_markdown(rows, spec.baseline, compare_with)
-    table += "\n\n" + majority_line(spec)
+        if labels and all(r.get("predicted") for r in rows):
+            table += "\n\n" + paired_markdown(rows, spec.baseline, compare_with, truth=labels)
+    table += "\n\n" + majority_line(labels)
     (out / "results.md").write_text(table + "\n")
     (out / "report.html").write_text(html_report(rows, out, spec.name))
     typer.echo(table)

@@ -33,6 +33,7 @@ def probe_scores(
         pred = clf.predict(test_emb)
     return {
         "correct": [int(p == y) for p, y in zip(pred, test_labels)],  # per test example, for paired intervals
+        "predicted": [str(p) for p in pred],  # per test example, for paired macro-F1 intervals
         "accuracy": float(accuracy_score(test_labels, pred)),
         "macro_f1": float(f1_score(test_labels, pred, labels=classes, average="macro", zero_division=0)),
         "train_size": int(len(train_labels)),

@@ -114,6 +114,7 @@ def evaluate_run(
         out["iterations"].append(entry)
     for entry in out["iterations"][:-1]:
         entry["probe"].pop("correct")  # kept for the final set only (paired comparisons in bench)
+        entry["probe"].pop("predicted")
     final = out["iterations"][-1]
     if classifier == "finetune":
         from dpsynth.evaluate.finetune_classifier import finetune_scores

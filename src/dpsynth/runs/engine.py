@@ -87,7 +87,9 @@ class Run:
     def resume(cls, run_dir: Path, **kw: Any) -> "Run":
         d = RunDir(run_dir)
         if not d.config.is_file():
-            raise DpsynthError(f"{d.root}: no config.yaml; not a dpsynth run directory")
+            hint = (" (a run stopped before it wrote its config spent nothing: start it again with `dpsynth run "
+                    f"CONFIG -o {d.root}`)" if d.lock.exists() else "")
+            raise DpsynthError(f"{d.root}: no config.yaml; not a dpsynth run directory{hint}")
         return cls(load_config(d.config), d.root, **kw)
 
     def close(self) -> None:

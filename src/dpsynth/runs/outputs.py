@@ -45,6 +45,7 @@ def evaluate_sets(ctx: StepContext, embedder: Embedder, test: LabelledTexts,
         emb = ctx.embed_synthetic(subset)
         scores = probe_scores(emb, [x.label for x in subset], test_emb, test.labels, seed=seed)
         scores.pop("correct")
+        scores.pop("predicted")
         out[name] = scores
     ctx.add_time("evaluation", t0)
     return out
