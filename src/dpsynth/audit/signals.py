@@ -1,9 +1,10 @@
 """Membership signals that need only the synthetic output: a higher score means "this canary was in".
 
 - `nearest`: cosine similarity of the canary to its nearest synthetic text (sentence embeddings);
-- `ngrams`: the share of the canary's word bigrams that occur anywhere in the synthetic set;
-- `likelihood`: mean log-probability per character of the canary under a character 4-gram model fit
-  on the synthetic set (add-one smoothing), the small language model of the issue.
+- `ngrams`: the share of the canary's distinctive word bigrams (in no other canary) that occur anywhere
+  in the synthetic set;
+- `likelihood`: mean log-probability per character of the canary's distinctive words under a character
+  4-gram model fit on the synthetic set (add-one smoothing), the small language model of the issue.
 """
 
 from __future__ import annotations
@@ -34,12 +35,18 @@ def _words(text: str) -> list[str]:
 
 
 def bigram_overlap(canaries: Sequence[str], synthetic: Sequence[str]) -> np.ndarray:
+    """Share of a canary's distinctive bigrams (in no other canary) found in the synthetic set.
+
+    Bigrams that canaries share come from their template ("the ... of", a label's description) and
+    turn up in synthetic text whether or not any canary was in; only the distinctive ones can tell.
+    """
     seen = {pair for text in synthetic for pair in zip(_words(text), _words(text)[1:])}
+    per_canary = [set(zip(_words(t), _words(t)[1:])) for t in canaries]
+    shared = Counter(pair for pairs in per_canary for pair in pairs)
     scores = []
-    for text in canaries:
-        words = _words(text)
-        pairs = list(zip(words, words[1:]))
-        scores.append(sum(p in seen for p in pairs) / len(pairs) if pairs else 0.0)
+    for pairs in per_canary:
+        distinctive = {p for p in pairs if shared[p] == 1} or pairs
+        scores.append(sum(p in seen for p in distinctive) / len(distinctive) if distinctive else 0.0)
     return np.array(scores)
 
 
@@ -55,9 +62,13 @@ def char_ngram_loglik(canaries: Sequence[str], synthetic: Sequence[str], order: 
             grams[s[i - order + 1 : i + 1]] += 1
             contexts[s[i - order + 1 : i]] += 1
     vocabulary = len(alphabet | {c for text in canaries for c in text.lower()}) + 1
+    # scored on each canary's distinctive words (in no other canary): its template's words are likely
+    # under any synthetic set, in or out
+    counts = Counter(w for text in canaries for w in set(_words(text)))
     scores = []
     for text in canaries:
-        s = pad + text.lower() + "\x03"
+        distinctive = " ".join(w for w in _words(text) if counts[w] == 1) or text
+        s = pad + distinctive.lower() + "\x03"
         logp = [math.log((grams[s[i - order + 1 : i + 1]] + 1) / (contexts[s[i - order + 1 : i]] + vocabulary))
                 for i in range(order - 1, len(s))]
         scores.append(sum(logp) / len(logp))
