@@ -95,6 +95,14 @@ def test_gives_up_with_a_clear_error_after_retries() -> None:
         _Flaky.failures = []
 
 
+def _private_reviews(root: Path) -> Path:
+    path = root / "private.csv"
+    path.write_text("text,label\n" + "".join(
+        f"{'A joyful, moving film' if i % 2 else 'A dull, lifeless film'} number {i}.,{'pos' if i % 2 else 'neg'}\n"
+        for i in range(12)))
+    return path
+
+
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
     path, _ = resolve_local_model("smollm2-135m-instruct")
@@ -129,10 +137,7 @@ def llama_server(tmp_path_factory):
 @pytest.mark.server
 def test_wasp_through_real_llama_cpp_server(llama_server: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
-    private = tmp_path / "private.csv"
-    private.write_text("text,label\n" + "".join(
-        f"{'A joyful, moving film' if i % 2 else 'A dull, lifeless film'} number {i}.,{'pos' if i % 2 else 'neg'}\n"
-        for i in range(12)))
+    private = _private_reviews(tmp_path)
     config = parse_config({
         "data": {"private": str(private)},
         "task": {"text_kind": "movie review", "labels": {"pos": "a positive review", "neg": "a negative review"}},
@@ -223,10 +228,7 @@ def test_wasp_completes_through_a_proxy_that_breaks_30_percent_of_answers(llama_
     _FaultyProxy.upstream, _FaultyProxy.hang = llama_server, 6.0
     proxy = ThreadingHTTPServer(("127.0.0.1", 0), _FaultyProxy)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    private = tmp_path / "private.csv"
-    private.write_text("text,label\n" + "".join(
-        f"{'A joyful, moving film' if i % 2 else 'A dull, lifeless film'} number {i}.,{'pos' if i % 2 else 'neg'}\n"
-        for i in range(12)))
+    private = _private_reviews(tmp_path)
     config = parse_config({
         "data": {"private": str(private)},
         "task": {"text_kind": "movie review", "labels": {"pos": "a positive review", "neg": "a negative review"}},

@@ -59,6 +59,16 @@ def _figure():
     return plt, fig, ax
 
 
+def _finish(plt, fig, ax, xlabel: str, ylabel: str, legend: str = "best") -> str:
+    """Label, add the legend, and return the figure as base64 PNG (closing it)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8, loc=legend)
+    out = _png(fig)
+    plt.close(fig)
+    return out
+
+
 def _privacy_plot(history: list[dict], budget: float | None) -> str | None:
     points = [(h["iteration"], h["epsilon_spent"]) for h in history if "epsilon_spent" in h]
     if not points:
@@ -67,12 +77,7 @@ def _privacy_plot(history: list[dict], budget: float | None) -> str | None:
     ax.step([p[0] for p in points], [p[1] for p in points], where="post", marker="o", label="epsilon spent")
     if budget is not None:
         ax.axhline(budget, ls="--", color="grey", label=f"budget {budget:g}")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("epsilon (PLD, at the run's delta)")
-    ax.legend(fontsize=8)
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, ax, "iteration", "epsilon (PLD, at the run's delta)")
 
 
 def _samples_plot(history: list[dict]) -> str | None:
@@ -91,12 +96,7 @@ def _samples_plot(history: list[dict]) -> str | None:
             twin.plot([h["iteration"] for h in weighted], [h["weights_used"].get(plm, 0.0) for h in weighted],
                       ls=":", marker=".", label=f"{plm}: weight")
         twin.set_ylabel("PLM weight (dotted)")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("samples kept")
-    ax.legend(fontsize=8, loc="lower left")
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, ax, "iteration", "samples kept", legend="lower left")
 
 
 def _scores_plot(evaluation: dict) -> str:
@@ -111,12 +111,7 @@ def _scores_plot(evaluation: dict) -> str:
     ref = evaluation.get("reference") or {}
     if isinstance(ref, dict) and "majority" in ref:
         ax.axhline(ref["majority"], ls="--", color="grey", label="majority class")
-    ax.set_xlabel("iteration (samples up to it)")
-    ax.set_ylabel("accuracy on the real test split")
-    ax.legend(fontsize=8)
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, ax, "iteration (samples up to it)", "accuracy on the real test split")
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
