@@ -215,3 +215,31 @@ def test_audit_refutes_a_prompt_leak_with_the_real_smollm2(tmp_path: Path, _isol
     result = run_audit(parse_config(raw), tmp_path / "audit", canaries=64)
     print(result["best"], {k: v["auc"] for k, v in result["signals"].items()})
     assert result["exceeds_claim"] and result["epsilon_lower_bound"] > 0.5, result["best"]  # claim: 0
+
+
+def test_sigterm_mid_audit_removes_the_private_copy(tmp_path: Path) -> None:
+    """A scheduler's stop (SIGTERM) unwinds like Ctrl-C: the audit's copy of the private data is deleted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    config = tmp_path / "augpe.yaml"
+    config.write_text(yaml.safe_dump(_config(tmp_path, "augpe", 1.0)))
+    driver = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parent)!r}); import fakes, dpsynth.cli\n"
+              "slow = fakes.FakeGenerator.generate\n"
+              "fakes.FakeGenerator.generate = lambda self, r, on_result=None: (time.sleep(5), slow(self, r, on_result))[1]\n"
+              f"sys.argv = ['dpsynth', 'audit', {str(config)!r}, '-o', {str(tmp_path / 'audit')!r}]; dpsynth.cli.app()")
+    proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ, "DPSYNTH_CACHE": str(tmp_path / "c")},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    copy = tmp_path / "audit" / "private-with-canaries.jsonl"
+    deadline = time.monotonic() + 120
+    while not copy.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not copy.exists(), "the private copy outlived a SIGTERM"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -43,8 +44,15 @@ _typer_app.command("audit")(audit)
 _typer_app.command("report")(report)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def app() -> None:
-    """Entry point: user errors become one clear line and exit code 2."""
+    """Entry point: user errors become one clear line and exit code 2. SIGTERM (a scheduler's or `kill`'s
+    stop) unwinds like Ctrl-C, so cleanup runs: an audit deletes its copy of the private data, a run
+    releases its directory (SIGKILL cannot be caught; resuming the audit removes the copy then)."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         _typer_app()
     except DpsynthError as err:
