@@ -47,7 +47,10 @@ def _interval(accuracy: float, n: int) -> tuple[float, float]:
 
 
 def _figure():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise DpsynthError("the report's plots need matplotlib: pip install 'dpsynth[eval]'") from err
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

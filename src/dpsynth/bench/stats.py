@@ -11,8 +11,23 @@ should be.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 import numpy as np
+
+
+def _bootstrap(statistic: Callable[[np.ndarray, np.ndarray], float], n_seeds: int, n_test: int, *,
+               draws: int, seed: int) -> tuple[float, float]:
+    """95% interval of `statistic(rows, cols)` over resamples: seeds with replacement, then, within each drawn
+    seed, test examples with replacement (the same examples for both methods)."""
+    rng = np.random.default_rng(seed)
+    stats = np.empty(draws)
+    for i in range(draws):
+        rows = rng.integers(0, n_seeds, size=n_seeds)
+        cols = rng.integers(0, n_test, size=(n_seeds, n_test))
+        stats[i] = statistic(rows, cols)
+    low, high = np.percentile(stats, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def paired_difference(a: dict[int, list[int]], b: dict[int, list[int]], *, draws: int = 2000,
@@ -24,15 +39,9 @@ def paired_difference(a: dict[int, list[int]], b: dict[int, list[int]], *, draws
     xa = np.asarray([a[s] for s in seeds], dtype=np.float64)  # seeds x test examples (0/1)
     xb = np.asarray([b[s] for s in seeds], dtype=np.float64)
     diff = xa - xb
-    rng = np.random.default_rng(seed)
-    n_seeds, n_test = diff.shape
-    stats = np.empty(draws)
-    for i in range(draws):
-        rows = rng.integers(0, n_seeds, size=n_seeds)
-        cols = rng.integers(0, n_test, size=(n_seeds, n_test))
-        stats[i] = np.take_along_axis(diff[rows], cols, axis=1).mean()
-    low, high = np.percentile(stats, [2.5, 97.5])
-    return {"seeds": len(seeds), "difference": float(diff.mean()), "low": float(low), "high": float(high)}
+    low, high = _bootstrap(lambda rows, cols: np.take_along_axis(diff[rows], cols, axis=1).mean(), *diff.shape,
+                           draws=draws, seed=seed)
+    return {"seeds": len(seeds), "difference": float(diff.mean()), "low": low, "high": high}
 
 
 def _macro_f1(truth: np.ndarray, pred: np.ndarray, classes: int) -> float:
@@ -62,13 +71,9 @@ def paired_f1_difference(a: dict[int, list[str]], b: dict[int, list[str]], truth
         return float(np.mean([_macro_f1(y[c], pa[r][c], k) - _macro_f1(y[c], pb[r][c], k)
                               for r, c in zip(rows, cols)]))
 
-    everything = np.arange(len(y))
-    point = difference(np.arange(len(seeds)), np.tile(everything, (len(seeds), 1)))
-    rng = np.random.default_rng(seed)
-    stats = np.array([difference(rng.integers(0, len(seeds), size=len(seeds)),
-                                 rng.integers(0, len(y), size=(len(seeds), len(y)))) for _ in range(draws)])
-    low, high = np.percentile(stats, [2.5, 97.5])
-    return {"seeds": len(seeds), "difference": point, "low": float(low), "high": float(high)}
+    point = difference(np.arange(len(seeds)), np.tile(np.arange(len(y)), (len(seeds), 1)))
+    low, high = _bootstrap(difference, len(seeds), len(y), draws=draws, seed=seed)
+    return {"seeds": len(seeds), "difference": point, "low": low, "high": high}
 
 
 def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None, *,
