@@ -4,6 +4,13 @@ Primary: privacy loss distributions (dp-accounting's PLD), which are tight up to
 a pessimistic discretisation. Cross-check: Renyi DP (dp-accounting's RDP), a
 valid but looser upper bound; the ledger asserts RDP >= PLD on every report.
 
+Scopes (parallel composition): an event's `scope` names the records it touches. "all" touches
+every record; any other scope is a group of records disjoint from every other named group
+(e.g. the strong and the weak parties of the resource-adaptive federated method). A record in
+group s is touched only by the "all" events and the events of s, so the run's epsilon at delta
+is the largest over groups of the composition of those events (the guarantee is per record,
+and each record is in exactly one group). With only "all" events this is plain composition.
+
 Why Gaussian events are merged first: k Gaussian releases with sensitivity
 Delta_i and noise sigma_i compose *exactly* into one Gaussian with
 mu = sqrt(sum (Delta_i/sigma_i)^2) (Gaussian DP), so the PLD of a whole
@@ -99,9 +106,29 @@ def _pld(events: Sequence[PrivacyEvent], adjacency: Adjacency) -> pld_lib.Privac
     return total
 
 
+ALL_RECORDS = "all"
+
+
+def scope_groups(events: Sequence[PrivacyEvent]) -> dict[str, list[PrivacyEvent]]:
+    """The events each group of records sees: per named scope, the "all" events plus its own.
+
+    With no named scope there is one group, "all", holding every event.
+    """
+    shared = [e for e in events if e.scope == ALL_RECORDS]
+    named = sorted({e.scope for e in events} - {ALL_RECORDS})
+    if not named:
+        return {ALL_RECORDS: list(events)}
+    return {s: [*shared, *(e for e in events if e.scope == s)] for s in named}
+
+
 def epsilon_pld(events: Sequence[PrivacyEvent], delta: float, adjacency: Adjacency = Adjacency.ADD_REMOVE) -> float:
-    """Tight epsilon at `delta` for the composition of `events` (0 for no events)."""
+    """Tight epsilon at `delta` for the composition of `events` (0 for no events), the largest over
+    disjoint scopes (see the module docstring)."""
     _check_delta(delta)
+    return max(_epsilon_pld_group(group, delta, adjacency) for group in scope_groups(events).values())
+
+
+def _epsilon_pld_group(events: Sequence[PrivacyEvent], delta: float, adjacency: Adjacency) -> float:
     pld = _pld(events, adjacency)
     if pld is None:
         return 0.0
@@ -135,6 +162,12 @@ def epsilon_rdp(
         return 0.0
     if adjacency is Adjacency.REPLACE and any(isinstance(e, SubsampledGaussianEvent) for e in events):
         return None
+    return max(_epsilon_rdp_group(group, delta) for group in scope_groups(events).values())
+
+
+def _epsilon_rdp_group(events: Sequence[PrivacyEvent], delta: float) -> float:
+    if not events:
+        return 0.0
     accountant = rdp_lib.RdpAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
     accountant.compose(dpe.ComposedDpEvent([_rdp_event(e) for e in events]))
     return float(accountant.get_epsilon(delta))

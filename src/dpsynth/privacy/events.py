@@ -19,9 +19,9 @@ class _Event(BaseModel):
     name: str = Field(description="What the release is, e.g. 'wasp.votes[iter=1]'.")
     count: PositiveInt = Field(1, description="How many identical releases this event stands for.")
     scope: str = Field(
-        "all", description="Which records the release touches: 'all', or a named group of records (e.g. "
-        "'parties:strong'). Events of disjoint scopes may compose in parallel; today every event is 'all' "
-        "and the ledger composes them sequentially (always valid).")
+        "all", description="Which records the release touches: 'all', or a named group of records disjoint from "
+        "every other named group (e.g. 'parties:strong'). The accountant composes each group's events with the "
+        "'all' events and reports the largest (parallel composition); see dpsynth.privacy.accountant.")
 
 
 class GaussianEvent(_Event):

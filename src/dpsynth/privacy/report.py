@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from dpsynth.fs import atomic_write_text
-from dpsynth.privacy.accountant import PLD_DISCRETIZATION, gaussian_mu
+from dpsynth.privacy.accountant import PLD_DISCRETIZATION, epsilon_pld, gaussian_mu, scope_groups
 from dpsynth.privacy.ledger import PrivacyLedger
 
 
 def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report of a finished run; `plan` is the run's schedule as described by its planner."""
     spent = ledger.spent()
+    groups = scope_groups(ledger.events)
     private = ledger.is_private
     report: dict[str, Any] = {
         # JSON has no infinity: a non-private run reports epsilon null and says so.
@@ -34,8 +35,12 @@ def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, An
             f"discretisation {PLD_DISCRETIZATION:g}",
             "cross_check": "RDP (dp-accounting), an upper bound",
             "epsilon_rdp": spent.epsilon_rdp if private else None,
-            "gaussian_dp_mu": gaussian_mu(ledger.events) or None,
+            "gaussian_dp_mu": max(gaussian_mu(g) for g in groups.values()) or None,
         },
+        **({"per_scope_epsilon": {s: epsilon_pld(g, ledger.delta, ledger.adjacency) for s, g in groups.items()},
+            "composition": "parallel over disjoint scopes of records: the run's epsilon is the largest "
+                           "group's (each group sees the 'all' events and its own)"}
+           if private and len(groups) > 1 else {}),
         "assumptions": ledger.assumptions.model_dump(mode="json"),
         "noise": {
             "mode": noise_mode,

@@ -10,7 +10,9 @@ value into a privacy event. Knobs are calibrated jointly on the ledger's account
   pure-DP releases (Laplace, sparse vector) by their pure epsilons, which add up exactly as
   the papers split them; others on the accountant at the run's delta;
 - exactly one *free* knob takes whatever the rest leaves: it is calibrated on the whole
-  schedule so the run spends exactly epsilon.
+  schedule so the run spends exactly epsilon. When releases touch disjoint groups of records
+  (event scopes, composed in parallel), each group may have its own free knob, calibrated on
+  the releases that group sees.
 
 Methods ask the data holder for `("votes", t)`, never for a noise value; `dpsynth budget`
 and the run build the very same schedule (`dpsynth.runs.planning`), so what a user plans is
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from dpsynth.errors import DpsynthError
-from dpsynth.privacy.accountant import Adjacency, epsilon_pld
+from dpsynth.privacy.accountant import ALL_RECORDS, Adjacency, epsilon_pld
 from dpsynth.privacy.calibrate import calibrate_noise
 from dpsynth.privacy.events import PrivacyEvent
 
@@ -92,8 +94,10 @@ class Schedule:
         missing = {r.knob for r in self.releases} - known
         if missing:
             raise DpsynthError(f"releases use undeclared knobs {sorted(missing)}")
-        if sum(k.free for k in self.knobs) > 1:
-            raise DpsynthError("a schedule has at most one free knob; give the others a share or a value")
+        free_scopes = [self.scope_of(k.name) for k in self.knobs if k.free]
+        if len(free_scopes) > 1 and (len(set(free_scopes)) != len(free_scopes) or ALL_RECORDS in free_scopes):
+            raise DpsynthError("a schedule has at most one free knob per disjoint scope of records; give the "
+                               "others a share or a value")
 
     def __add__(self, other: "Schedule") -> "Schedule":
         return Schedule(self.releases + other.releases, self.knobs + other.knobs, self.notes + other.notes)
@@ -114,6 +118,11 @@ class Schedule:
             if r.name == name:
                 return r
         raise KeyError(name)
+
+    def scope_of(self, knob: str) -> str:
+        """The records a knob's releases touch: one named scope, or "all" (also for mixed or unused knobs)."""
+        scopes = {r.event(1.0).scope for r in self.uses(knob)}
+        return scopes.pop() if len(scopes) == 1 else ALL_RECORDS
 
     def knob(self, name: str) -> Knob:
         return next(k for k in self.knobs if k.name == name)
@@ -138,10 +147,13 @@ class Schedule:
         for k in self.knobs:
             if k.share is not None:
                 values[k.name] = self._search(k, epsilon * k.share, delta, adjacency, fixed=[])
-        free = [k for k in self.knobs if k.free]
-        if free:
-            fixed = [r.event(values[r.knob]) for r in self.releases if r.knob != free[0].name]
-            values[free[0].name] = self._search(free[0], epsilon, delta, adjacency, fixed=fixed)
+        # A free knob takes what its records' group leaves: free knobs of disjoint scopes never meet.
+        for knob in (k for k in self.knobs if k.free):
+            scope = self.scope_of(knob.name)
+            fixed = [r.event(values[r.knob]) for r in self.releases
+                     if r.knob != knob.name and r.knob in values
+                     and (scope == ALL_RECORDS or r.event(values[r.knob]).scope in (ALL_RECORDS, scope))]
+            values[knob.name] = self._search(knob, epsilon, delta, adjacency, fixed=fixed)
         total = self.epsilon(values, delta, adjacency)
         if total > epsilon * (1 + 1e-6):
             raise DpsynthError(f"the schedule's shares and fixed noise spend epsilon {total:.4f} > {epsilon:g}; "
