@@ -73,8 +73,8 @@ def test_federated_config_errors_are_clear() -> None:
     base = {"data": {"corpus": "trec", "m": 60}, "generators": [{"model": "smollm2-135m-instruct"}]}
     with pytest.raises(DpsynthError, match="no federated mode"):
         parse_config({**base, "method": "fusegen", "federated": {"parties": 3}})
-    with pytest.raises(DpsynthError, match="public label proportions"):
-        parse_config({**base, "privacy": {"label_proportions": "dp"}, "federated": {"parties": 3}})
+    # private label proportions are a federated round (every party's counts, summed by SecAgg+)
+    parse_config({**base, "privacy": {"label_proportions": "dp"}, "federated": {"parties": 3}})
     with pytest.raises(DpsynthError, match="exceeds parties"):
         parse_config({**base, "federated": {"parties": 3, "min_parties": 4}})
 
@@ -147,6 +147,41 @@ def test_real_flower_secagg_federation_sums_noisy_votes_hides_single_parties_and
     # the masked uploads reached the server, and none is any single party's (quantised) noisy vector
     assert sum(r.size == 60 for r in replies) >= 3
     assert not any(_reveals(replies, vec, 25.0, quantization_range(4)) for vec in expected)
+
+
+def test_secagg_rounds_of_a_party_group_and_label_counts_hide_single_parties() -> None:
+    """fedgen's rounds on a real federation: every party's label counts, then votes of parties 2-4 only
+    (found by a roster round); the server receives no single party's (quantised) noisy vector."""
+    rng = np.random.default_rng(3)
+    shards = _shards(rng, [6, 7, 5, 8, 6])
+    candidates, cand_labels = rng.normal(size=(10, 16)).astype(np.float32), rng.integers(0, 2, 10)
+    counts, knn = VoteSpec(kind="label_counts"), VoteSpec(kind="rank", weights=(1.0, 1.0))
+    slots, slot_labels = np.zeros((2, 1), np.float32), np.arange(2)
+    settings = FederationSettings(parties=5, min_parties=5, secure=True, max_records=10, timeout=60, noise_seed=4)
+    replies: list[np.ndarray] = []
+
+    def program(aggregator):
+        _capture_replies(aggregator, replies)
+        profile = aggregator.aggregate(VoteRound("labels.histogram", counts, slots, slot_labels, 0.6, clip=20.0))
+        votes = aggregator.aggregate(VoteRound("fedgen.votes", knn, candidates, cand_labels, 0.8, clip=25.0,
+                                               parties=(2, 3, 4), min_parties=2))
+        return profile, votes
+
+    profile, votes = run_federation(shards, settings, program)
+    expected_counts = [noisy_votes(s, counts, slots, slot_labels, release="labels.histogram", party_sigma=0.6,
+                                   max_records=10, noise_seed=4) for s in shards]
+    expected_votes = [noisy_votes(s, knn, candidates, cand_labels, release="fedgen.votes", party_sigma=0.8,
+                                  max_records=10, noise_seed=4) for s in shards[2:]]
+    levels = quantization_range(5)
+    assert profile.contributors == 5 and votes.contributors == 3
+    assert np.abs(profile.total - np.sum(expected_counts, axis=0)).max() < 5 * 2 * 20.0 / levels
+    assert np.abs(votes.total - np.sum(expected_votes, axis=0)).max() < 3 * 2 * 25.0 / levels
+    # the clean counts are the records per label (each record votes for its own label once)
+    clean = sum(np.bincount(s.label_ids, minlength=2) for s in shards)
+    assert np.abs(profile.total - clean).max() < 6 * 0.6 * math.sqrt(5)
+    assert len(votes.bytes_down) == 3  # only the weak parties were asked
+    assert not any(_reveals(replies, v, 20.0, levels) for v in expected_counts)
+    assert not any(_reveals(replies, v, 25.0, levels) for v in expected_votes)
 
 
 def test_plain_aggregation_sums_exactly_and_sees_each_party() -> None:
@@ -260,3 +295,26 @@ def test_federated_release_is_charged_before_the_parties_are_asked(tmp_path: Pat
     with pytest.raises(BudgetExceededError):  # one more is refused before any party is asked
         holder.noisy_votes(spec, cand, labels, release=("wasp.votes", 2))
     assert len(asked) == 2
+
+
+def test_parties_get_the_label_order_of_the_task_also_for_a_corpus() -> None:
+    """Regression: a corpus run has no task: section, and parties used to get no label names (a training
+    party then failed on its first record)."""
+    import json as _json
+
+    from dpsynth.data.public import task_for
+    from dpsynth.federated.holder import FederatedHolder
+    from dpsynth.federated.simulation import settings_for
+    from dpsynth.privacy.ledger import PrivacyLedger
+    from dpsynth.privacy.mechanisms import NoiseSource
+    from dpsynth.private.releases import ReleaseStore
+    from dpsynth.runs.planning import plan_privacy
+
+    cfg = parse_config({"data": {"corpus": "trec", "m": 60}, "generators": [{"model": "smollm2-135m-instruct"}],
+                        "federated": {"parties": 3, "partition": "iid"}})
+    plan = plan_privacy(cfg)
+    holder = FederatedHolder(cfg.federated, plan.clip_delta, ledger=PrivacyLedger(4.0, 1e-5), noise=NoiseSource(0),
+                             schedule=plan.schedule, knobs={}, store=ReleaseStore(None))
+    labels = task_for(cfg).label_names
+    settings = settings_for(cfg, holder, labels, deployed=False)
+    assert _json.loads(settings.party_data["labels"]) == labels and len(labels) == 6

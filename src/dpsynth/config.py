@@ -191,8 +191,6 @@ class RunConfig(BaseModel):
         if per_party_files and (self.data.private or self.data.corpus):
             raise ValueError(f"with federated.partition '{self.federated.partition}' the parties' files are the "
                              "private data: remove data.private / data.corpus")
-        if self.federated is not None and self.privacy.label_proportions == "dp":
-            raise ValueError("federated runs take public label proportions (uniform or {label: share})")
         names = [g.display_name for g in self.generators]
         if len(set(names)) != len(names):
             raise ValueError(f"generator names must be unique, got {names}; set name: for each")
@@ -227,3 +225,13 @@ def noise_parties(config: RunConfig) -> tuple[int, int | None]:
         return 1, None
     # Without secure aggregation the server sees single parties: each must carry the full noise.
     return fed.parties, (fed.threshold if fed.aggregation == "secagg+" else 1)
+
+
+def fewest_answering(config: FederatedConfig, asked: int | None = None) -> int:
+    """Fewest parties whose noise shares a round of `asked` parties (None: all) may sum: the threshold, less
+    the parties not asked (SecAgg+ needs at least 2); without SecAgg+ every party carries the full noise (1)."""
+    if config.aggregation != "secagg+":
+        return 1
+    if asked is None or asked == config.parties:
+        return config.threshold
+    return max(2, config.threshold - (config.parties - asked))

@@ -47,7 +47,9 @@ class _NodeShard:
                 raise DpsynthError(f"{path}: labels {unknown} are not among the run's task labels {labels}")
             emb = SentenceTransformerEmbedder(str(config["embedder"])).encode(data.texts)
             ids = np.array([labels.index(y) for y in data.labels], dtype=np.int64)
-            self._cache[key] = PartyShard(int(context.node_id) % 2**31, emb, ids)
+            # `party-id` in the node config names the party in a run's roles (e.g. fedgen's strong parties)
+            party = int(context.node_config.get("party-id", int(context.node_id) % 2**31))
+            self._cache[key] = PartyShard(party, emb, ids, tuple(data.texts))
         return self._cache[key]
 
 

@@ -113,12 +113,17 @@ def _print(plan: PrivacyPlan, vote_sigma: float | None) -> None:
                + (f" (PLD; RDP cross-check {rdp:.4f})" if rdp is not None else " (PLD)"))
     parties, fewest = plan.parties
     if parties > 1:
-        free = _free_knob(plan)
-        typer.echo(f"federated: each of {parties} parties adds {free} {plan.party_sigma(knobs[free]):.3f} "
-                   f"(sized for {fewest} surviving parties); the sum is private only under secure aggregation")
-        single = {**knobs, free: plan.party_sigma(knobs[free])}
-        typer.echo(f"  without secure aggregation a server seeing one party's histogram gets epsilon "
-                   f"{plan.epsilon_of(single):.3f}")
+        shares: dict[str, float] = {}
+        for row in description["knobs"]:
+            if not row["releases"] or row["party_value"] is None:
+                continue
+            shares[row["name"]] = row["party_value"]
+            how = ("the full noise (local DP-SGD)" if row["party_value"] == row["value"] else
+                   "its share; the sum carries the full noise when enough parties answer")
+            typer.echo(f"federated: each party adds {row['name']} {row['party_value']:.3f}, {how}")
+        typer.echo(f"  (shares sized for {fewest} surviving parties of {parties}); shares are private only under "
+                   f"secure aggregation: a server seeing single parties' vectors gets epsilon "
+                   f"{plan.epsilon_of({**knobs, **shares}):.3f}")
 
 
 def _free_knob(plan: PrivacyPlan) -> str:

@@ -21,6 +21,7 @@ SecAgg+ details that matter for DP (see docs/federated.md):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -54,6 +55,24 @@ class VoteRound:
     candidate_labels: np.ndarray
     party_sigma: float
     clip: float
+    parties: tuple[int, ...] | None = None  # the party ids asked (None: every party)
+    min_parties: int | None = None  # fewest that must answer (None: the federation's setting)
+
+
+@dataclass(frozen=True)
+class TrainRound:
+    """One FedAvg round of local DP training: the parties asked start from `adapter` and return their update.
+
+    Each party runs `request.steps` DP-Adam steps on its own records and adds the full noise itself
+    (local DP-SGD), so the update each party sends is already DP; the server averages the updates.
+    """
+
+    release: str
+    round_index: int
+    adapter: np.ndarray
+    request: str  # AdapterTraining, as JSON
+    noise_multiplier: float
+    parties: tuple[int, ...]
 
 
 @dataclass
@@ -113,66 +132,84 @@ class _Meter:
         return down, up
 
 
-def _vote_sum_strategy(vote_round: VoteRound, settings: FederationSettings):
-    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSettings,
+                  nodes: list[int] | None):
+    """A one-round strategy: broadcast `arrays` and `config` to `nodes` (None: all), sum the replies."""
+    from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server.strategy import FedAvg
 
-    class VoteSum(FedAvg):
-        """Broadcasts the candidates; turns the (secure) aggregate into the sum of party votes."""
+    class Sum(FedAvg):
+        """Turns the (secure) aggregate into the sum of the parties' vectors; keeps who answered."""
 
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.total: np.ndarray | None = None
             self.contributors = 0
             self.failures: list = []
+            self.replies: dict[int, list[np.ndarray]] = {}
+
+        def configure_fit(self, server_round, parameters, client_manager):
+            if nodes is None:
+                return super().configure_fit(server_round, parameters, client_manager)
+            client_manager.wait_for(len(nodes), timeout=settings.timeout)
+            by_node = {proxy.node_id: proxy for proxy in client_manager.all().values()}
+            missing = [n for n in nodes if n not in by_node]
+            if missing:
+                raise FederationError(f"nodes {missing} of this round are not connected")
+            return [(by_node[n], FitIns(parameters, dict(config))) for n in nodes]
 
         def aggregate_fit(self, server_round, results, failures):
             self.contributors, self.failures = len(results), list(failures)
             if not results:
                 return None, {}
             arrays = [parameters_to_ndarrays(fit.parameters)[0] for _, fit in results]
+            self.replies = {proxy.node_id: parameters_to_ndarrays(fit.parameters) for proxy, fit in results}
             # SecAgg+ hands every result the unmasked weighted mean (weights 1): sum = mean * count.
             self.total = arrays[0] * len(results) if settings.secure else np.sum(arrays, axis=0)
             return None, {}
 
-    config = {
+    count = len(nodes) if nodes is not None else settings.parties
+    return Sum(
+        fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=count, min_evaluate_clients=0,
+        min_available_clients=count,
+        # Always pass initial parameters: otherwise the workflow asks a party for its own, in the clear.
+        initial_parameters=ndarrays_to_parameters(arrays),
+        on_fit_config_fn=lambda _round: config,
+    )
+
+
+def _vote_config(vote_round: VoteRound, settings: FederationSettings) -> dict:
+    return {
+        "round": "votes",
         "release": vote_round.release,
         "spec": vote_round.spec.model_dump_json(),
         "party_sigma": float(vote_round.party_sigma),
         "max_records": int(settings.max_records),
         **settings.party_data,
     }
-    return VoteSum(
-        fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=settings.parties, min_evaluate_clients=0,
-        min_available_clients=settings.parties,
-        # Always pass initial parameters: otherwise the workflow asks a party for its own, in the clear.
-        initial_parameters=ndarrays_to_parameters(
-            [np.asarray(vote_round.candidates, dtype=np.float32), np.asarray(vote_round.candidate_labels)]),
-        on_fit_config_fn=lambda _round: config,
-    )
 
 
-def _secagg_workflow(vote_round: VoteRound, settings: FederationSettings):
+def _secagg_workflow(vote_round: VoteRound, settings: FederationSettings, n: int, fewest: int):
     from flwr.server.workflow import SecAggPlusWorkflow
 
     class ThresholdedSecAggPlus(SecAggPlusWorkflow):
-        """SecAgg+ that never unmasks a sum of fewer than `min_parties` parties' vectors."""
+        """SecAgg+ that never unmasks a sum of fewer than `fewest` parties' vectors."""
 
         def _check_threshold(self, state) -> bool:
-            if len(state.active_node_ids) < settings.min_parties:
+            if len(state.active_node_ids) < fewest:
                 log.error("only %d parties active, fewer than min_parties=%d: not unmasking",
-                          len(state.active_node_ids), settings.min_parties)
+                          len(state.active_node_ids), fewest)
                 return False
             return super()._check_threshold(state)
 
-    n = settings.parties
     return ThresholdedSecAggPlus(
-        num_shares=n,
-        # Flower's key-share threshold must be < num_shares; ours (min_parties) is checked above.
-        reconstruction_threshold=max(2, min(settings.min_parties, n - 1)),
+        # Flower wants an integer number of shares > 2; 1.0 means "every party asked" (for 2 parties).
+        num_shares=n if n > 2 else 1.0,
+        # Flower's key-share threshold must be < num_shares; ours (fewest) is checked above.
+        reconstruction_threshold=max(2, min(fewest, n - 1)),
         max_weight=1.0,
         clipping_range=vote_round.clip,
-        quantization_range=quantization_range(n),
+        quantization_range=quantization_range(settings.parties),
         modulus_range=MODULUS_RANGE,
         timeout=settings.timeout,
     )
@@ -185,49 +222,104 @@ class FlowerAggregator:
         self.grid, self.context, self.settings = grid, context, settings
         self.meter = _Meter()
         self.meter.wrap(grid)
+        self._roster: dict[int, int] | None = None  # party id -> Flower node id
 
     def aggregate(self, vote_round: VoteRound) -> RoundResult:
+        """The (securely) summed noisy answers of the parties asked; refuses too few answers."""
+        s = self.settings
+        nodes = None if vote_round.parties is None else self.nodes_of(vote_round.parties)
+        asked = s.parties if nodes is None else len(nodes)
+        fewest = vote_round.min_parties or s.min_parties
+        arrays = [np.asarray(vote_round.candidates, dtype=np.float32), np.asarray(vote_round.candidate_labels)]
+        workflow = _secagg_workflow(vote_round, s, asked, fewest) if s.secure else None
+        result, strategy = self._round(arrays, _vote_config(vote_round, s), nodes, workflow)
+        if strategy.total is None:
+            raise FederationError(
+                f"round {vote_round.release}: no aggregate ({strategy.contributors} of {asked} parties "
+                f"contributed, at least {fewest} required); nothing was released"
+                + (f"; party errors: {[str(f)[:200] for f in strategy.failures]}" if strategy.failures else ""))
+        if strategy.contributors < fewest:  # plain mode has no protocol-level check
+            raise FederationError(
+                f"round {vote_round.release}: {strategy.contributors} parties answered, fewer than "
+                f"min_parties={fewest}; the sum would carry too little noise and is discarded")
+        return result
+
+    def train(self, train_round: TrainRound) -> RoundResult:
+        """One FedAvg round: the mean of the asked parties' (locally DP) adapter updates, in plain aggregation.
+
+        Local DP-SGD makes each update DP on its own, so the server may see them one by one; a party that
+        fails is left out of the mean (its records then took fewer steps than accounted: never more).
+        """
+        config = {"round": "train", "release": train_round.release, "round_index": train_round.round_index,
+                  "request": train_round.request, "noise_multiplier": float(train_round.noise_multiplier),
+                  "max_records": int(self.settings.max_records), **self.settings.party_data}
+        result, strategy = self._round([np.asarray(train_round.adapter, dtype=np.float32)], config,
+                                       self.nodes_of(train_round.parties), None, plain=True)
+        if strategy.total is None:
+            raise FederationError(
+                f"training round {train_round.round_index}: no training party answered"
+                + (f"; party errors: {[str(f)[:200] for f in strategy.failures]}" if strategy.failures else ""))
+        result.total = result.total / strategy.contributors
+        return result
+
+    def nodes_of(self, parties: tuple[int, ...]) -> list[int]:
+        """Node ids of these party ids (asked once per federation: each party answers with its id, nothing else)."""
+        if self._roster is None:
+            _, strategy = self._round([np.zeros(1, dtype=np.float32)], {"round": "roster"}, None, None, plain=True)
+            self._roster = {int(arrays[0][0]): node for node, arrays in strategy.replies.items()}
+        unknown = sorted(set(parties) - set(self._roster))
+        if unknown:
+            raise FederationError(f"parties {unknown} are not in the federation (connected: {sorted(self._roster)})")
+        return [self._roster[p] for p in parties]
+
+    def _round(self, arrays: list[np.ndarray], config: dict, nodes: list[int] | None, workflow: Any,
+               *, plain: bool = False) -> tuple[RoundResult, Any]:
         from flwr.server import LegacyContext, ServerConfig
         from flwr.server.workflow import DefaultWorkflow
 
-        s = self.settings
+        s = self.settings if not plain else dataclasses.replace(self.settings, secure=False)
         t0 = time.perf_counter()
-        strategy = _vote_sum_strategy(vote_round, s)
+        strategy = _sum_strategy(arrays, config, s, nodes)
         legacy = LegacyContext(context=self.context, config=ServerConfig(num_rounds=1, round_timeout=s.timeout),
                                strategy=strategy)
-        workflow = DefaultWorkflow(fit_workflow=_secagg_workflow(vote_round, s)) if s.secure else DefaultWorkflow()
-        workflow(self.grid, legacy)
+        (DefaultWorkflow(fit_workflow=workflow) if workflow is not None else DefaultWorkflow())(self.grid, legacy)
         down, up = self.meter.take()
-        if strategy.total is None:
-            raise FederationError(
-                f"round {vote_round.release}: no aggregate ({strategy.contributors} of {s.parties} parties "
-                f"contributed, at least {s.min_parties} required); nothing was released"
-                + (f"; party errors: {[str(f)[:200] for f in strategy.failures]}" if strategy.failures else ""))
-        if strategy.contributors < s.min_parties:  # plain mode has no protocol-level check
-            raise FederationError(
-                f"round {vote_round.release}: {strategy.contributors} parties answered, fewer than "
-                f"min_parties={s.min_parties}; the sum would carry too little noise and is discarded")
-        return RoundResult(total=np.asarray(strategy.total, dtype=np.float64), contributors=strategy.contributors,
-                           bytes_down=down, bytes_up=up, seconds=time.perf_counter() - t0)
+        total = np.asarray(strategy.total, dtype=np.float64) if strategy.total is not None else np.zeros(0)
+        return RoundResult(total=total, contributors=strategy.contributors, bytes_down=down, bytes_up=up,
+                           seconds=time.perf_counter() - t0), strategy
 
 
 ShardSource = Callable[[Any, Any], PartyShard]  # (Flower context, round config) -> the party's shard
 
 
+PLAIN_ROUNDS = ("roster", "train")  # rounds whose answers are public (a party id) or already DP on their own
+
+
 def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | None):
-    """The ClientApp every party runs: its noisy votes for each round, masked by SecAgg+ if `secure`."""
+    """The ClientApp every party runs: its noisy votes for each round, masked by SecAgg+ if `secure`;
+    its party id for the roster round; its locally DP adapter update for a training round."""
     from flwr.client import NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.clientapp import ClientApp
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
     class Party(NumPyClient):
         def __init__(self, context: Any) -> None:
             self.context = context
 
         def fit(self, parameters, config):
+            kind = str(config.get("round", "votes"))
+            shard = shard_for(self.context, config)
+            if kind == "roster":
+                return [np.array([shard.party_id], dtype=np.float64)], 1, {}
+            if kind == "train":
+                from dpsynth.federated.party_training import local_update
+
+                (adapter,) = parameters
+                return [local_update(shard, adapter, config, noise_seed=noise_seed)], 1, {}
             candidates, labels = parameters
             vec = noisy_votes(
-                shard_for(self.context, config), VoteSpec.model_validate_json(str(config["spec"])), candidates,
+                shard, VoteSpec.model_validate_json(str(config["spec"])), candidates,
                 labels, release=str(config["release"]), party_sigma=float(config["party_sigma"]),
                 max_records=int(config["max_records"]), noise_seed=noise_seed,
             )
@@ -236,7 +328,17 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
     def client_fn(context):
         return Party(context).to_client()
 
-    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod] if secure else [])
+    def secure_unless_public(msg, ctxt, call_next):
+        """SecAgg+ for vote rounds; roster and training rounds (public or locally DP answers) pass in plain.
+        A vote round that arrives without SecAgg+ is refused: its share of the noise is too small alone."""
+        if msg.metadata.message_type == "train" and RECORD_KEY_CONFIGS not in msg.content.config_records:
+            fit_config = msg.content.config_records.get("fitins.config", {})
+            if str(fit_config.get("round", "votes")) not in PLAIN_ROUNDS:
+                raise DpsynthError("this party answers vote rounds only through SecAgg+; the server asked in plain")
+            return call_next(msg, ctxt)
+        return secaggplus_mod(msg, ctxt, call_next)
+
+    return ClientApp(client_fn=client_fn, mods=[secure_unless_public] if secure else [])
 
 
 def run_federation(shards: list[PartyShard], settings: FederationSettings,

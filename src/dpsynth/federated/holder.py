@@ -9,45 +9,64 @@ seconds per round are kept for the communication report.
 
 from __future__ import annotations
 
+import io
 import math
+from pathlib import Path
 
 import numpy as np
 
-from dpsynth.config import FederatedConfig
+from dpsynth.config import FederatedConfig, fewest_answering
 from dpsynth.errors import DpsynthError
 from dpsynth.finetune.request import AdapterTraining
 from dpsynth.federated.clipping import clip_range
 from dpsynth.federated.flower_secagg import (
     FlowerAggregator,
+    RoundResult,
+    TrainRound,
     VoteRound,
     quantization_range,
 )
 from dpsynth.privacy.schedule import Release
-from dpsynth.private.holder import ReleaseKey, ReleasingHolder
+from dpsynth.fs import atomic_write_bytes
+from dpsynth.private.holder import ReleaseKey, ReleasingHolder, check_training_release
 from dpsynth.voting.spec import VoteSpec
 
 
 class FederatedHolder(ReleasingHolder):
     """Releases computed by L parties on their own records, summed by (secure) aggregation."""
 
-    def __init__(self, config: FederatedConfig, clip_delta: float, **kw) -> None:
+    def __init__(self, config: FederatedConfig, clip_delta: float, groups: dict[str, tuple[int, ...]] | None = None,
+                 **kw) -> None:
         super().__init__(**kw)
         self.config = config
         self.clip_delta = clip_delta
+        self.groups = dict(groups or {})  # event scope -> the parties whose records it touches
         self.aggregator: FlowerAggregator | None = None
         self.rounds: list[dict] = []
+
+    def _parties(self, release: Release) -> tuple[int, ...] | None:
+        """Who answers a release: the group its event is scoped to (its accounting assumes exactly them)."""
+        scope = release.event(1.0).scope
+        if scope == "all":
+            return None
+        if scope not in self.groups:
+            raise AssertionError(f"release {release.name} is scoped to '{scope}', which names no party group")
+        return self.groups[scope]
 
     def connect(self, aggregator: FlowerAggregator) -> None:
         """Attach the running federation (its server side exists only inside Flower's ServerApp)."""
         self.aggregator = aggregator
+
+    def _fewest(self, parties: tuple[int, ...] | None) -> int:
+        return fewest_answering(self.config, None if parties is None else len(parties))
 
     @property
     def min_parties(self) -> int:
         # Without secure aggregation every party carries the full sigma, so any number of answers is safe.
         return self.config.threshold if self.config.aggregation == "secagg+" else 1
 
-    def party_sigma(self, sigma: float) -> float:
-        return sigma / math.sqrt(self.min_parties)
+    def party_sigma(self, sigma: float, parties: tuple[int, ...] | None = None) -> float:
+        return sigma / math.sqrt(self._fewest(parties))
 
     def noisy_votes(self, spec: VoteSpec, candidates: np.ndarray, candidate_labels: np.ndarray, *,
                     release: ReleaseKey) -> np.ndarray:
@@ -57,7 +76,14 @@ class FederatedHolder(ReleasingHolder):
         return self._release(release, draw)
 
     def noisy_label_counts(self, labels: list[str], *, release: ReleaseKey) -> np.ndarray:
-        raise DpsynthError("federated runs take public label proportions (uniform or {label: share})")
+        """Every party's label counts plus its noise share, summed (papers/004's profile round)."""
+        spec = VoteSpec(kind="label_counts")
+        placeholders = np.zeros((len(labels), 1), dtype=np.float32)  # one "candidate" per label, no content
+
+        def draw(r: Release, sigma: float) -> np.ndarray:
+            return self._round(r, sigma, spec, placeholders, np.arange(len(labels)))
+
+        return self._release(release, draw)
 
     def noisy_length_histogram(self, edges: list[int], *, release: ReleaseKey) -> np.ndarray:
         raise DpsynthError("length metadata has no federated form yet (the parties would need a histogram round)")
@@ -66,8 +92,49 @@ class FederatedHolder(ReleasingHolder):
         raise DpsynthError("sparse-vector length bounds have no federated form yet")
 
     def train_adapter(self, request: AdapterTraining, *, release: ReleaseKey, on_step=None) -> np.ndarray:
-        raise DpsynthError("DP fine-tuning has no federated form yet (federated DP-FedAvg is the resource-adaptive "
-                           "method's first stage)")
+        """FedAvg of local DP-SGD (papers/004, A.3): `request.rounds` rounds; in each, every training party
+        takes `request.steps` DP-Adam steps from the current adapter and the server adds the mean update
+        (times `request.server_learning_rate`). The whole training is one release charged before round 1;
+        each round's adapter (DP: post-processing of DP updates) is saved, so a resume continues from it."""
+
+        def draw(r: Release, value: float) -> np.ndarray:
+            check_training_release(r, value, request)
+            parties = self._parties(r)
+            if parties is None or request.parties is None or set(parties) != set(request.parties):
+                raise AssertionError(f"release {r.name}: the training parties differ from its accounted group")
+            report = None if on_step is None else self._step_report(r, value, on_step)
+            return self._fedavg(r, value, request, report)
+
+        adapter = self._release(release, draw)
+        self.diagnostics.pop(self.schedule.get(*release).name, None)  # weights are not counts
+        return adapter
+
+    def _fedavg(self, r: Release, noise_multiplier: float, request: AdapterTraining, report) -> np.ndarray:
+        from dpsynth.finetune.model import initial_adapter
+
+        if self.aggregator is None:
+            raise AssertionError("federated holder used outside a running federation")
+        work = self.store.work_dir(r.name)
+        saved = work / "adapter.npz" if work is not None else None
+        if saved is not None and saved.exists():
+            with np.load(saved) as z:
+                done, adapter = int(z["round"]), z["adapter"].astype(np.float32)
+        else:
+            done = 0
+            adapter = initial_adapter(Path(request.model), request.lora_r, request.lora_alpha, request.init_seed)
+        payload = request.model_dump_json()
+        for k in range(done, request.rounds):
+            result = self.aggregator.train(TrainRound(r.name, k, adapter, payload, noise_multiplier,
+                                                      tuple(request.parties or ())))
+            adapter = (adapter + request.server_learning_rate * result.total).astype(np.float32)
+            self._log_round(r.name, result, group="train", length=adapter.size, round_index=k)
+            if saved is not None:
+                buffer = io.BytesIO()
+                np.savez(buffer, round=k + 1, adapter=adapter)
+                atomic_write_bytes(saved, buffer.getvalue())
+            if report is not None:
+                report((k + 1) * request.steps, float(np.linalg.norm(result.total)))
+        return adapter.astype(np.float64)
 
     def _round(self, release: Release, sigma: float, spec: VoteSpec, candidates: np.ndarray,
                labels: np.ndarray) -> np.ndarray:
@@ -75,20 +142,28 @@ class FederatedHolder(ReleasingHolder):
             raise AssertionError("federated holder used outside a running federation")
         n_out = spec.length(len(candidates))
         secure = self.config.aggregation == "secagg+"
-        party_sigma = self.party_sigma(sigma)
+        parties = self._parties(release)
+        party_sigma = self.party_sigma(sigma, parties)
+        asked = self.config.parties if parties is None else len(parties)
         rounds_in_run = len(self.schedule.releases)  # the run's clipping reserve, split over every release
         # Without SecAgg+ nothing is clipped, so no clipping range is needed.
-        clip = (clip_range(spec, self.config.max_records_per_party, party_sigma, self.config.parties, n_out,
+        clip = (clip_range(spec, self.config.max_records_per_party, party_sigma, asked, n_out,
                            self.clip_delta / rounds_in_run) if secure else 0.0)
-        result = self.aggregator.aggregate(VoteRound(release.name, spec, candidates, labels, party_sigma, clip))
+        result = self.aggregator.aggregate(VoteRound(release.name, spec, candidates, labels, party_sigma, clip,
+                                                     parties=parties, min_parties=self._fewest(parties)))
+        self._log_round(release.name, result, group=release.event(1.0).scope, length=n_out,
+                        clipping_range=clip if secure else None,
+                        quantization_step=2 * clip / quantization_range(self.config.parties) if secure else None)
+        return result.total
+
+    def _log_round(self, release: str, result: RoundResult, *, group: str, length: int, **extra) -> None:
         self.rounds.append({
-            "release": release.name,
+            "release": release,
+            "parties": group,
             "parties_contributing": result.contributors,
-            "vector_length": n_out,
+            "vector_length": length,
             "download_bytes_per_party": float(np.mean(list(result.bytes_down.values()))),
             "upload_bytes_per_party": float(np.mean(list(result.bytes_up.values()))),
             "seconds": result.seconds,
-            "clipping_range": clip if secure else None,
-            "quantization_step": 2 * clip / quantization_range(self.config.parties) if secure else None,
+            **extra,
         })
-        return result.total

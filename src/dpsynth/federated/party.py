@@ -18,11 +18,13 @@ from dpsynth.voting.spec import VoteSpec, compute_votes
 
 @dataclass(frozen=True)
 class PartyShard:
-    """One party's private records, as embeddings and label ids (held in memory only)."""
+    """One party's private records: embeddings and label ids for votes, texts for local training
+    (held in memory only)."""
 
     party_id: int
     embeddings: np.ndarray
     label_ids: np.ndarray
+    texts: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.label_ids)

@@ -36,4 +36,6 @@ def party_shards(config: RunConfig, data: PrivateData, label_names: list[str],
             f"a party holds more than federated.max_records_per_party={fed.max_records_per_party} records; "
             "raise the bound (it sets the SecAgg+ clipping range and the party-level sensitivity)")
     embeddings = embedder.encode(data.records.texts)
-    return [PartyShard(i, embeddings[idx], label_ids[idx]) for i, idx in enumerate(parts)]
+    texts = data.records.texts
+    return [PartyShard(i, embeddings[idx], label_ids[idx], tuple(texts[j] for j in idx))
+            for i, idx in enumerate(parts)]

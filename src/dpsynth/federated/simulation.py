@@ -25,7 +25,10 @@ from dpsynth.private.dataset import check_private, load_private
 T = TypeVar("T")
 
 
-def settings_for(config: RunConfig, holder: FederatedHolder, *, deployed: bool) -> FederationSettings:
+def settings_for(config: RunConfig, holder: FederatedHolder, labels: list[str], *,
+                 deployed: bool) -> FederationSettings:
+    """How the parties answer: noise shares, bounds, and how a party reads its records (`labels` in the
+    order the run numbers them: a corpus's labels come from the corpus, not the config)."""
     fed = config.federated
     assert fed is not None
     return FederationSettings(
@@ -34,7 +37,7 @@ def settings_for(config: RunConfig, holder: FederatedHolder, *, deployed: bool) 
         # deployed parties always draw secure noise: a seed known to the server would let it remove the noise
         noise_seed=None if deployed else config.privacy.noise_seed,
         party_data={"text_column": config.data.text_column, "label_column": config.data.label_column,
-                    "labels": json.dumps(list(config.task.labels) if config.task else []),
+                    "labels": json.dumps(labels),
                     "embedder": config.embedder},
     )
 
@@ -57,10 +60,13 @@ def simulate(config: RunConfig, task: TaskSpec, embedder: Embedder, holder: Any,
         holder.connect(aggregator)
         return program()
 
-    return run_federation(shards, settings_for(config, holder, deployed=False), server_program)
+    return run_federation(shards, settings_for(config, holder, task.label_names, deployed=False), server_program)
 
 
 def connect_deployed(config: RunConfig, holder: Any, grid: Any, flower_context: Any) -> None:
     """Attach a deployed federation (SuperLink + SuperNodes) to the run's holder."""
+    from dpsynth.data.public import task_for
+
     assert isinstance(holder, FederatedHolder)
-    holder.connect(FlowerAggregator(grid, flower_context, settings_for(config, holder, deployed=True)))
+    labels = task_for(config).label_names
+    holder.connect(FlowerAggregator(grid, flower_context, settings_for(config, holder, labels, deployed=True)))

@@ -44,6 +44,14 @@ def add_lora(model: Any, r: int, alpha: int, dropout: float = 0.0) -> PeftModel:
         return get_peft_model(model, config)
 
 
+def initial_adapter(gguf_path: Path, r: int, alpha: int, seed: int) -> np.ndarray:
+    """The LoRA initialisation (random A, zero B) drawn from a public seed: federated rounds start from it."""
+    model, _ = load_base(gguf_path)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return adapter_vector(add_lora(model, r, alpha))
+
+
 def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """The trainable parameters sorted by name: the one order of the adapter vector and of Adam's state."""
     return sorted((name, p) for name, p in model.named_parameters() if p.requires_grad)

@@ -22,3 +22,14 @@ class AdapterTraining(BaseModel):
     max_length: int = Field(ge=2, description="tokens per training sequence (prompt + text)")
     prompts: dict[str, str] = Field(description="label -> its control-code prompt (the text follows it)")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's own choice)")
+    rounds: int = Field(1, ge=1, description="federated: FedAvg rounds, each `steps` local DP steps at every "
+                        "training party (central training: 1)")
+    server_learning_rate: float = Field(1.0, gt=0.0, description="federated: the server adds this times the mean "
+                                        "of the parties' updates to the adapter each round (1 = plain FedAvg)")
+    parties: tuple[int, ...] | None = Field(None, description="federated: the ids of the parties that train")
+    init_seed: int = Field(0, description="public seed of the LoRA initialisation the rounds start from")
+
+    @property
+    def total_steps(self) -> int:
+        """DP steps each training record may take part in (the release's subsampled-Gaussian count)."""
+        return self.rounds * self.steps

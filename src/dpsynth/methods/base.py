@@ -166,6 +166,11 @@ class Method(ABC, Generic[OptionsT, StateT]):
         """The release the label proportions come from, if they are private (else uniform or public)."""
         return (LABELS_RELEASE, None) if self.config.privacy.label_proportions == "dp" else None
 
+    def party_groups(self) -> dict[str, tuple[int, ...]]:
+        """Federated runs: named, disjoint groups of parties (a release whose event has that scope is
+        answered by that group only, and composes in parallel with the other groups'). None by default."""
+        return {}
+
     def min_private_records(self) -> tuple[int, str]:
         """Fewest private records the method can work with, and what to change (checked by the holder)."""
         return 1, "1"

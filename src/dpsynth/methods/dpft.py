@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
+
 from pydantic import Field, PositiveInt
 
 from dpsynth.config import RunConfig
@@ -103,21 +105,12 @@ class Dpft(Method[DpftOptions, DpftState]):
         return 2, "2"
 
     def check_task(self, task: TaskSpec) -> None:
-        self._model_path()
-
-    def _model_path(self) -> Path:
-        from dpsynth.llm.local_models import resolve_local_model
-
-        g = self.config.generators[0]
-        path = resolve_local_model(g.model)[0] if g.kind == "llama_cpp" else Path(g.model).expanduser()
-        if path.suffix != ".gguf" or not path.is_file():
-            raise DpsynthError(f"dpft fine-tunes a local GGUF model file; '{g.model}' is not one")
-        return path
+        local_gguf_path(self.config)
 
     def training_request(self, task: TaskSpec) -> AdapterTraining:
         o = self.options
         return AdapterTraining(
-            model=str(self._model_path()), lora_r=o.lora_r, lora_alpha=o.lora_alpha, steps=o.steps,
+            model=str(local_gguf_path(self.config)), lora_r=o.lora_r, lora_alpha=o.lora_alpha, steps=o.steps,
             sampling_rate=o.sampling_rate, clip_norm=o.clip_norm, learning_rate=o.learning_rate,
             max_length=o.max_length, threads=self.config.generators[0].threads,
             prompts={c: control_prompt(task.text_kind, c, task.labels[c]) for c in task.label_names})
@@ -128,57 +121,76 @@ class Dpft(Method[DpftOptions, DpftState]):
         if t == 0:
             t0 = time.perf_counter()
             adapter = ctx.holder.train_adapter(request, release=self.release("training"),
-                                               on_step=self._training_progress(ctx, o.steps))
+                                               on_step=training_progress(ctx, o.steps))
             ctx.add_time("training", t0)
             state.adapter = _hash(adapter)
             return {"iteration": 0, "training": {"steps": o.steps, "sampling_rate": o.sampling_rate,
                                                  "clip_norm": o.clip_norm, "sampler": "poisson",
                                                  "adapter": state.adapter}}
         adapter = ctx.holder.train_adapter(request, release=self.release("training"))  # the saved release
-        generator = self._generator(ctx, request, adapter)
-        settings = o.prompt_settings()
-
-        def make(plan: GenerationPlan, attempt: int, chat: bool) -> list[tuple[str, GenerationRequest]]:
-            return [(label, GenerationRequest(prompt=request.prompts[label], max_tokens=settings.max_tokens,
-                                              temperature=settings.temperature, top_p=settings.top_p,
-                                              stop=("\n",),
-                                              seed=request_seed(self.config.seed, "dpft", label, attempt, j)))
-                    for label, count in plan.per_label.items() for j in range(count)]
-
-        t0 = time.perf_counter()
-        new, stats = generate_samples(t, plans=plan_counts(o.n, {generator.name: 1.0}, ctx.label_shares),
-                                      generators={generator.name: generator}, existing=[], make_requests=make,
-                                      max_attempts=o.max_attempts, on_progress=ctx.generation_progress(t))
-        ctx.add_time("generation", t0)
-        state.samples = new
+        state.samples, stats = sample_from_adapter(ctx, request, adapter, o, t, o.n, tag="dpft")
         return {"iteration": t, "generated": stats, "adapter": state.adapter}
-
-    def _generator(self, ctx: StepContext, request: AdapterTraining, adapter) -> CachedGenerator:
-        from dpsynth.finetune.generator import AdapterGenerator
-
-        (name, base), = ctx.generators.items()
-        if request.threads is not None:  # the generator's `threads:` shares the cores as for llama.cpp
-            import torch
-
-            torch.set_num_threads(request.threads)
-        inner = AdapterGenerator(Path(request.model), adapter.astype("float32"), r=request.lora_r,
-                                 alpha=request.lora_alpha, name=name)
-        return CachedGenerator(inner, base.cache, base.usage)
-
-    @staticmethod
-    def _training_progress(ctx: StepContext, steps: int):
-        if ctx.progress is None:
-            return None
-        report = ctx.progress
-
-        def on_step(step: int, grad_norm: float, epsilon: float) -> None:
-            report(f"DP fine-tuning: noisy gradient norm {grad_norm:.2f}, epsilon so far {epsilon:.2f}", step,
-                   steps)
-
-        return on_step
 
     def final_samples(self, state: DpftState) -> list[SyntheticSample]:
         return list(state.samples)
+
+
+def local_gguf_path(config: RunConfig) -> Path:
+    """The GGUF file of the run's one local generator: the base model DP fine-tuning trains an adapter for."""
+    from dpsynth.llm.local_models import resolve_local_model
+
+    g = config.generators[0]
+    path = resolve_local_model(g.model)[0] if g.kind == "llama_cpp" else Path(g.model).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        raise DpsynthError(f"{config.method} fine-tunes a local GGUF model file; '{g.model}' is not one")
+    return path
+
+
+def training_progress(ctx: StepContext, steps: int):
+    """Progress line of a DP training release: noisy gradient norm and epsilon so far (both public)."""
+    if ctx.progress is None:
+        return None
+    report = ctx.progress
+
+    def on_step(step: int, grad_norm: float, epsilon: float) -> None:
+        report(f"DP fine-tuning: noisy gradient norm {grad_norm:.2f}, epsilon so far {epsilon:.2f}", step, steps)
+
+    return on_step
+
+
+def sample_from_adapter(ctx: StepContext, request: AdapterTraining, adapter: np.ndarray, options: SamplingOptions,
+                        t: int, n: int, *, tag: str) -> tuple[list[SyntheticSample], dict]:
+    """n samples (label mix from the run's label proportions) from the base PLM with this DP-trained adapter,
+    prompted by each label's control code, through the request cache (the model id carries the adapter's hash)."""
+    generator = _adapter_generator(ctx, request, adapter)
+    settings = options.prompt_settings()
+    seed = ctx.config.seed
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool) -> list[tuple[str, GenerationRequest]]:
+        return [(label, GenerationRequest(prompt=request.prompts[label], max_tokens=settings.max_tokens,
+                                          temperature=settings.temperature, top_p=settings.top_p, stop=("\n",),
+                                          seed=request_seed(seed, tag, label, attempt, j)))
+                for label, count in plan.per_label.items() for j in range(count)]
+
+    t0 = time.perf_counter()
+    samples, stats = generate_samples(t, plans=plan_counts(n, {generator.name: 1.0}, ctx.label_shares),
+                                      generators={generator.name: generator}, existing=[], make_requests=make,
+                                      max_attempts=options.max_attempts, on_progress=ctx.generation_progress(t))
+    ctx.add_time("generation", t0)
+    return samples, stats
+
+
+def _adapter_generator(ctx: StepContext, request: AdapterTraining, adapter: np.ndarray) -> CachedGenerator:
+    from dpsynth.finetune.generator import AdapterGenerator
+
+    (name, base), = ctx.generators.items()
+    if request.threads is not None:  # the generator's `threads:` shares the cores as for llama.cpp
+        import torch
+
+        torch.set_num_threads(request.threads)
+    inner = AdapterGenerator(Path(request.model), adapter.astype("float32"), r=request.lora_r,
+                             alpha=request.lora_alpha, name=name)
+    return CachedGenerator(inner, base.cache, base.usage)
 
 
 def _hash(adapter) -> str:

@@ -212,11 +212,9 @@ class CentralHolder(ReleasingHolder):
         from dpsynth.private.training import train_on_records
 
         def draw(r: Release, value: float) -> np.ndarray:
-            booked = r.event(value if value > 0 else 1.0)
-            if not isinstance(booked, SubsampledGaussianEvent) or (booked.sampling_rate, booked.count) != (
-                    request.sampling_rate, request.steps):
-                raise ValueError(f"release {r.name} is not accounted as {request.steps} Poisson-subsampled steps "
-                                 f"at rate {request.sampling_rate:g}")
+            check_training_release(r, value, request)
+            if request.rounds != 1 or request.parties is not None:
+                raise ValueError("federated (FedAvg) training needs a federated run")
             # secret: drawn from the release's noise stream (OS entropy unless privacy.noise_seed), never stored
             seed = int(self.noise.stream(f"{r.name}/seed").integers(2**62))
             report = None if on_step is None else self._step_report(r, value, on_step)
@@ -230,6 +228,15 @@ class CentralHolder(ReleasingHolder):
 
     def _lengths(self) -> np.ndarray:
         return np.array([text_length(t) for t in self.__private.texts], dtype=np.int64)
+
+
+def check_training_release(release: Release, value: float, request: AdapterTraining) -> None:
+    """The release must be accounted as the very DP-SGD schedule the request asks for."""
+    booked = release.event(value if value > 0 else 1.0)
+    if not isinstance(booked, SubsampledGaussianEvent) or (booked.sampling_rate, booked.count) != (
+            request.sampling_rate, request.total_steps):
+        raise ValueError(f"release {release.name} is not accounted as {request.total_steps} Poisson-subsampled "
+                         f"steps at rate {request.sampling_rate:g}")
 
 
 def text_length(text: str) -> int:

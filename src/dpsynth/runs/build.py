@@ -50,7 +50,7 @@ def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyL
     if config.federated is not None:
         from dpsynth.federated.holder import FederatedHolder
 
-        return FederatedHolder(config.federated, plan.clip_delta, **common)
+        return FederatedHolder(config.federated, plan.clip_delta, groups=method.party_groups(), **common)
     reads = method.uses_private_data or method.label_release() is not None or config.resample is not None
     return open_central_holder(config, task, min_records=method.min_private_records(), load=reads,
                                embedder=embedder, **common)

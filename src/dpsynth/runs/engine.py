@@ -172,7 +172,8 @@ class Run:
         embedder = LazyEmbedder(cfg.embedder)  # loads at its first use, after the cheap checks below
         holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, task=task, embedder=embedder)
         generators = build_generators(cfg, usage)  # a bad model file or key fails before any model loads
-        shares = (saved["label_shares"] if saved is not None
+        # A federated run's private label proportions are a round of the federation, which starts later.
+        shares = (saved["label_shares"] if saved is not None else {} if cfg.federated is not None
                   else label_shares(cfg, task, holder, self.method.label_release()))
         synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
         ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
@@ -220,6 +221,8 @@ class Run:
 
     def _iterate(self, live: _Live) -> dict:
         steps = self.method.iterations() + (self.config.resample is not None)
+        if not live.ctx.label_shares:
+            live.ctx.label_shares = label_shares(self.config, live.ctx.task, live.holder, self.method.label_release())
         for t in range(live.state.next_iteration, steps):
             if t < self.method.iterations():
                 record = self.method.step(live.ctx, live.state, t)
@@ -232,7 +235,8 @@ class Run:
                 live.holder.diagnostics.clear()
             rounds = getattr(live.holder, "rounds", None)
             if rounds:
-                record["federated_round"] = rounds.pop()
+                record["federated_rounds"] = list(rounds)
+                rounds.clear()
             log.info("iteration %d: kept %s; API retries so far %s", t,
                      {k: v["kept"] for k, v in record.get("generated", {}).items()},
                      {k: u.retries for k, u in live.usage.items()})

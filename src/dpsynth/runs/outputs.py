@@ -78,7 +78,14 @@ def write_metrics(run_dir: RunDir, *, method: str, history: list[dict], samples:
 def federated_summary(config, plan_description: dict, history: list[dict]) -> dict:
     """Communication per party per round (the WASP paper's Table 11, measured)."""
     fed = config.federated
-    rounds = [h["federated_round"] for h in history if h.get("federated_round")]
+    rounds = [r for h in history for r in h.get("federated_rounds", [])]
+    groups: dict[str, dict[str, float]] = {}
+    for r in rounds:  # parties of one role answer the same rounds, so their bytes add up per role
+        g = groups.setdefault(r.get("parties", "all"), {"rounds": 0, "download_bytes_per_party": 0.0,
+                                                         "upload_bytes_per_party": 0.0})
+        g["rounds"] += 1
+        g["download_bytes_per_party"] += r["download_bytes_per_party"]
+        g["upload_bytes_per_party"] += r["upload_bytes_per_party"]
     votes = next((k for k in plan_description["knobs"] if k["releases"]), None)
     return {
         "parties": fed.parties, "aggregation": fed.aggregation, "partition": fed.partition,
@@ -89,4 +96,5 @@ def federated_summary(config, plan_description: dict, history: list[dict]) -> di
         "download_bytes_per_party": sum(r["download_bytes_per_party"] for r in rounds),
         "upload_bytes_per_party": sum(r["upload_bytes_per_party"] for r in rounds),
         "aggregation_seconds": sum(r["seconds"] for r in rounds),
+        **({"by_round_kind": groups} if len(groups) > 1 else {}),
     }

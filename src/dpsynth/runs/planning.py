@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpsynth.config import RunConfig, noise_parties, records_per_unit
+from dpsynth.config import RunConfig, fewest_answering, noise_parties, records_per_unit
 from dpsynth.federated.clipping import accounting_delta, clip_delta
 from dpsynth.methods.base import Method, PaperFormula
 from dpsynth.methods.registry import method_class
 from dpsynth.methods.resample import resample_schedule
 from dpsynth.privacy.accountant import epsilon_rdp
+from dpsynth.privacy.events import SubsampledGaussianEvent
 from dpsynth.privacy.ledger import Assumptions
 from dpsynth.privacy.schedule import Schedule
 
@@ -67,6 +68,16 @@ class PrivacyPlan:
         parties, fewest = self.parties
         return sigma / math.sqrt(fewest or parties)
 
+    def _party_value(self, knob: str, value: float) -> float:
+        """What each party adds for this knob: a share of the sum's noise, or (local DP-SGD) all of it."""
+        uses = self.schedule.uses(knob)
+        if uses and all(isinstance(r.event(1.0), SubsampledGaussianEvent) for r in uses):
+            return value  # local DP-SGD: each training party adds the full noise multiplier
+        group = self.method.party_groups().get(self.schedule.scope_of(knob))
+        fed = self.config.federated
+        assert fed is not None
+        return value / math.sqrt(fewest_answering(fed, None if group is None else len(group)))
+
     def describe(self, knobs: dict[str, float]) -> dict:
         """The plan as the privacy report and `dpsynth budget` show it (no private value in it)."""
         parties, fewest = self.parties
@@ -77,7 +88,7 @@ class PrivacyPlan:
                 "name": k.name, "value": knobs[k.name], "description": k.description,
                 "how": "fixed" if k.value is not None else f"share {k.share:g} of epsilon" if k.share else "calibrated",
                 "releases": len(uses), "sensitivity": uses[0].sensitivity if uses else None,
-                "party_value": self.party_sigma(knobs[k.name]) if parties > 1 else None,
+                "party_value": self._party_value(k.name, knobs[k.name]) if parties > 1 else None,
             })
         out: dict = {
             "method": self.method.name,

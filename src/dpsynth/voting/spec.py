@@ -16,10 +16,11 @@ from dpsynth.voting.rank_votes import rank_votes, wasp_votes
 
 
 class VoteSpec(BaseModel):
-    """WASP Top-Q near+far votes (length 2N) or rank-weighted nearest votes (length N)."""
+    """WASP Top-Q near+far votes (length 2N), rank-weighted nearest votes (length N), or label counts
+    (each record votes for its own label's entry: the candidates are one placeholder per label)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: Literal["wasp", "rank"]
+    kind: Literal["wasp", "rank", "label_counts"]
     q: int = Field(8, ge=1, description="WASP: votes per private sample on each side")
     weights: tuple[float, ...] = Field((1.0,), description="rank: weight of the r-th nearest candidate")
     sampling_rate: float = Field(1.0, gt=0, le=1, description="Poisson subsampling: each record votes with this "
@@ -30,7 +31,7 @@ class VoteSpec(BaseModel):
 
     def max_bin_vote(self) -> float:
         """Largest vote one private record can give one candidate (bounds a party's bin by its records)."""
-        return 1.0 if self.kind == "wasp" else max(self.weights)
+        return max(self.weights) if self.kind == "rank" else 1.0
 
 
 def compute_votes(
@@ -43,5 +44,8 @@ def compute_votes(
     """The clean vote vector: it must be noised before it leaves the data holder."""
     if spec.kind == "wasp":
         return wasp_votes(private, private_labels, synthetic, synthetic_labels, spec.q)
+    if spec.kind == "label_counts":
+        return np.bincount(np.asarray(private_labels, dtype=np.int64), minlength=len(synthetic_labels)).astype(
+            np.float64)
     (votes,) = rank_votes(private, private_labels, synthetic, synthetic_labels, spec.weights)
     return votes

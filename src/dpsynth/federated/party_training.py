@@ -1,0 +1,62 @@
+"""What a training party runs in a FedAvg round: local DP-Adam steps on its own records (papers/004, A.3).
+
+The party starts from the broadcast adapter, takes `request.steps` DP-Adam steps with Poisson
+sampling, per-example clipping and the full Gaussian noise (local DP-SGD: its update is DP on
+its own, whatever the server or the other parties do), and returns only the update. Its records,
+their gradients and its secret seed stay here. The base model is loaded once per process (Flower
+reuses a party's process across rounds).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpsynth.errors import DpsynthError
+from dpsynth.federated.party import PartyShard
+from dpsynth.finetune.request import AdapterTraining
+from dpsynth.privacy.mechanisms import NoiseSource
+
+_MODELS: dict[tuple[str, int, int], tuple[Any, Any]] = {}
+
+
+def local_update(shard: PartyShard, adapter: np.ndarray, config: Any, *, noise_seed: int | None) -> np.ndarray:
+    """The party's adapter after its local DP steps, minus the adapter it started from (float32)."""
+    import torch
+
+    from dpsynth.finetune.dp_adam import TrainSettings, train_adapter
+    from dpsynth.finetune.model import load_adapter_vector
+
+    request = AdapterTraining.model_validate_json(str(config["request"]))
+    if len(shard) > int(config["max_records"]):
+        raise DpsynthError(f"party {shard.party_id} holds more records than federated.max_records_per_party="
+                           f"{int(config['max_records'])}")
+    if len(shard.texts) != len(shard):
+        raise DpsynthError(f"party {shard.party_id} has no texts to train on (its shard holds embeddings only)")
+    labels = json.loads(str(config["labels"]))
+    if request.threads is not None:
+        torch.set_num_threads(request.threads)
+    model, tokenizer = _model(request)
+    load_adapter_vector(model, adapter)
+    # secret unless the simulation is seeded for reproducibility (then the report says NOT FOR RELEASE)
+    stream = f"{config['release']}/round{int(config['round_index'])}/party{shard.party_id}"
+    seed = int(NoiseSource(noise_seed).stream(stream).integers(2**62))
+    settings = TrainSettings(steps=request.steps, sampling_rate=request.sampling_rate,
+                             noise_multiplier=float(config["noise_multiplier"]), clip_norm=request.clip_norm,
+                             learning_rate=request.learning_rate, max_length=request.max_length, seed=seed)
+    prompts = [request.prompts[labels[int(i)]] for i in shard.label_ids]
+    trained = train_adapter(model, tokenizer, prompts, list(shard.texts), settings, checkpoint_dir=None)
+    return (trained - np.asarray(adapter, dtype=np.float32)).astype(np.float32)
+
+
+def _model(request: AdapterTraining) -> tuple[Any, Any]:
+    from dpsynth.finetune.model import add_lora, load_base
+
+    key = (request.model, request.lora_r, request.lora_alpha)
+    if key not in _MODELS:
+        model, tokenizer = load_base(Path(request.model))
+        _MODELS[key] = (add_lora(model, request.lora_r, request.lora_alpha), tokenizer)
+    return _MODELS[key]
