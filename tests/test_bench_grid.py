@@ -118,3 +118,27 @@ def test_majority_line_gives_accuracy_and_macro_f1() -> None:
 
     line = majority_line(["ham"] * 9 + ["spam"])
     assert "accuracy 90.00%" in line and "macro-F1 47.37%" in line  # F1(ham) = 18/19, F1(spam) = 0
+
+
+def test_a_runs_reference_sets_become_rows_paired_with_its_final_set(tmp_path: Path) -> None:
+    """fedgen evaluates stage 3 inside the run: the bench turns it into a row `variant:set` of the same seed,
+    which a variant's compare_with can name (refinement vs its uniform control, paired by test example)."""
+    import json
+
+    from dpsynth.bench.grid import _reference_rows
+    from dpsynth.bench.stats import paired_table
+    from dpsynth.fs import RunDir
+
+    cell = {"name": "fedgen-s-eps4-seed0", "variant": "fedgen", "method": "fedgen", "plms": "s", "epsilon": 4.0,
+            "seed": 0}
+    final = {"accuracy": 0.75, "macro_f1": 0.7, "train_size": 4, "test_size": 4, "correct": [1, 1, 1, 0],
+             "predicted": ["a", "b", "a", "a"]}
+    uniform = {**final, "accuracy": 0.5, "correct": [1, 0, 1, 0], "predicted": ["a", "a", "a", "a"]}
+    run = RunDir(tmp_path)
+    run.metrics.write_text(json.dumps({"evaluation": {"classifier": "probe", "fedgen": final,
+                                                      "stage3_uniform": uniform}}))
+    row = {**cell, "epsilon_spent": 4.0, "correct": final["correct"], "accuracy": 0.75}
+    (ref,) = _reference_rows(cell, run, row)
+    assert ref["variant"] == "fedgen:stage3_uniform" and ref["seed"] == 0 and ref["accuracy"] == 0.5
+    (diff,) = paired_table([row, ref], "zs", {"fedgen": ["fedgen:stage3_uniform"]})
+    assert diff["versus"] == "fedgen:stage3_uniform" and diff["difference"] == pytest.approx(0.25)

@@ -140,6 +140,7 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
             if not cell_dir.evaluation.exists():
                 evaluate_run(cell_dir.root, test, with_mauve=bench.eval_distribution)
             row = _row(cell, cell_dir)
+            rows.extend(_reference_rows(cell, cell_dir, row))
         rows.append(row)
     _write_csv(out / "results.csv", rows)
     return rows
@@ -179,6 +180,22 @@ def _row(cell: dict, cell_dir: RunDir) -> dict:
         "correct": final["probe"].get("correct"),  # per test example (not written to results.csv)
         "predicted": final["probe"].get("predicted"),  # per test example (not written to results.csv)
     }
+
+
+def _reference_rows(cell: dict, cell_dir: RunDir, row: dict) -> list[dict]:
+    """The method's own reference sets, evaluated inside the run on the same test split (e.g. fedgen's stage 3
+    before refinement), as rows named `variant:set`: paired with the final set by seed and test example."""
+    evaluation = json.loads(cell_dir.metrics.read_text()).get("evaluation") or {}
+    out = []
+    for name, scores in evaluation.items():
+        if name == cell["method"] or not isinstance(scores, dict) or "correct" not in scores:
+            continue
+        out.append({**_keys(cell), "name": f"{cell['name']}:{name}", "variant": f"{cell['variant']}:{name}",
+                    "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"], "samples": scores.get("train_size"),
+                    "epsilon_spent": row["epsilon_spent"], "wall_seconds": None,
+                    "note": f"reference set '{name}' of the run", "correct": scores["correct"],
+                    "predicted": scores.get("predicted")})
+    return out
 
 
 def _federated_columns(fed: dict | None) -> dict:

@@ -156,7 +156,9 @@ def _print_summary(run_dir: Path, result: dict) -> None:
     if ev:
         console.print(f"[bold]downstream accuracy on the real test split[/bold] ({ev['classifier']}):")
         titles = {"zero_shot": "zero-shot (iteration 0, no private data)",
-                  "before_resampling": "before resampling (the method's own final set)"}
+                  "before_resampling": "before resampling (the method's own final set)",
+                  "stage3": "stage 3 alone (every candidate of the fine-tuned model, before refinement)",
+                  "stage3_uniform": "a uniform draw from stage 3 of the refined set's size (refinement's control)"}
         for key in [k for k in ev if k != "classifier"]:
             s, title = ev[key], titles.get(key, f"{key} (all iterations)")
             console.print(f"  {title}: accuracy {s['accuracy']:.4f}, macro-F1 {s['macro_f1']:.4f} "
@@ -168,6 +170,9 @@ def _print_summary(run_dir: Path, result: dict) -> None:
             f"{fed['sigma_per_party']:.4f}; per party {fed['download_bytes_per_party'] / 1e3:.1f} kB down, "
             f"{fed['upload_bytes_per_party'] / 1e3:.1f} kB up; aggregation {fed['aggregation_seconds']:.1f}s "
             f"over {len(fed['rounds'])} rounds")
+        for kind, g in (fed.get("by_round_kind") or {}).items():
+            console.print(f"  {kind} rounds: {g['rounds']}; per asked party {g['download_bytes_per_party'] / 1e3:.1f} kB "
+                          f"down, {g['upload_bytes_per_party'] / 1e3:.1f} kB up")
     t = metrics["timings"]
     share = 1 - t["generator_calls"] / t["wall"] if t["wall"] else 0.0
     console.print(f"wall time {t['wall']:.1f}s; generator calls {t['generator_calls']:.1f}s "
