@@ -32,7 +32,7 @@ sleep 8
 i=0
 for party in "$@"; do
   flower-supernode --insecure --superlink 127.0.0.1:8000 --host 127.0.0.1 --port $((9094 + i)) \
-    --node-config "data-path=\"$(realpath "$party")\"" > "$LOGS/supernode$i.log" 2>&1 &
+    --node-config "data-path=\"$(realpath "$party")\" party-id=$i" > "$LOGS/supernode$i.log" 2>&1 &
   PIDS+=($!)
   i=$((i + 1))
 done

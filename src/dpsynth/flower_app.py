@@ -73,4 +73,5 @@ def _server_app():
 
 
 server_app = _server_app()
-client_app = party_client_app(_NodeShard(), secure=True, noise_seed=None)
+client_app = party_client_app(_NodeShard(), secure=True, noise_seed=None,
+                              may_train=lambda context: str(context.node_config.get("role", "")) == "strong")

@@ -263,14 +263,29 @@ class FlowerAggregator:
         return result
 
     def nodes_of(self, parties: tuple[int, ...]) -> list[int]:
-        """Node ids of these party ids (asked once per federation: each party answers with its id, nothing else)."""
-        if self._roster is None:
-            _, strategy = self._round([np.zeros(1, dtype=np.float32)], {"round": "roster"}, None, None, plain=True)
-            self._roster = {int(arrays[0][0]): node for node, arrays in strategy.replies.items()}
-        unknown = sorted(set(parties) - set(self._roster))
-        if unknown:
-            raise FederationError(f"parties {unknown} are not in the federation (connected: {sorted(self._roster)})")
-        return [self._roster[p] for p in parties]
+        """Node ids of the connected parties among these party ids. Each party answers a roster round with its
+        id, nothing else; asked again when a party is missing (it may have reconnected with a new node id).
+        Missing parties are left out: the round's own threshold decides whether enough answer."""
+        if self._roster is None or set(parties) - set(self._roster):
+            self._roster = self._ask_roster()
+        missing = sorted(set(parties) - set(self._roster))
+        if missing:
+            log.warning("parties %s are not connected; asking the others", missing)
+        nodes = [self._roster[p] for p in parties if p in self._roster]
+        if not nodes:
+            raise FederationError(f"none of the parties {sorted(parties)} is connected")
+        return nodes
+
+    def _ask_roster(self) -> dict[int, int]:
+        config = {"round": "roster", **self.settings.party_data}
+        _, strategy = self._round([np.zeros(1, dtype=np.float32)], config, None, None, plain=True)
+        roster: dict[int, int] = {}
+        for node, arrays in strategy.replies.items():
+            party = int(arrays[0][0])
+            if party in roster:
+                raise FederationError(f"two nodes claim party id {party}: give each SuperNode its own party-id")
+            roster[party] = node
+        return roster
 
     def _round(self, arrays: list[np.ndarray], config: dict, nodes: list[int] | None, workflow: Any,
                *, plain: bool = False) -> tuple[RoundResult, Any]:
@@ -295,9 +310,11 @@ ShardSource = Callable[[Any, Any], PartyShard]  # (Flower context, round config)
 PLAIN_ROUNDS = ("roster", "train")  # rounds whose answers are public (a party id) or already DP on their own
 
 
-def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | None):
+def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | None,
+                     may_train: Callable[[Any], bool] = lambda context: True):
     """The ClientApp every party runs: its noisy votes for each round, masked by SecAgg+ if `secure`;
-    its party id for the roster round; its locally DP adapter update for a training round."""
+    its party id for the roster round; its locally DP adapter update for a training round, if
+    `may_train(context)` (a deployed party trains only when its node config makes it a strong party)."""
     from flwr.client import NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.clientapp import ClientApp
@@ -315,6 +332,10 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
             if kind == "train":
                 from dpsynth.federated.party_training import local_update
 
+                if not may_train(self.context):
+                    raise DpsynthError("this party is not a training party (node config role=\"strong\")")
+                if noise_seed is None and float(config["noise_multiplier"]) <= 0:
+                    raise DpsynthError("a party with secure noise refuses to train without noise")
                 (adapter,) = parameters
                 return [local_update(shard, adapter, config, noise_seed=noise_seed)], 1, {}
             candidates, labels = parameters

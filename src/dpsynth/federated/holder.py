@@ -41,6 +41,9 @@ class FederatedHolder(ReleasingHolder):
         self.config = config
         self.clip_delta = clip_delta
         self.groups = dict(groups or {})  # event scope -> the parties whose records it touches
+        members = [p for g in self.groups.values() for p in g]
+        if len(set(members)) != len(members) or any(not 0 <= p < config.parties for p in members):
+            raise AssertionError(f"party groups must be disjoint party ids in 0..{config.parties - 1}: {self.groups}")
         self.aggregator: FlowerAggregator | None = None
         self.rounds: list[dict] = []
 
@@ -127,7 +130,7 @@ class FederatedHolder(ReleasingHolder):
             result = self.aggregator.train(TrainRound(r.name, k, adapter, payload, noise_multiplier,
                                                       tuple(request.parties or ())))
             adapter = (adapter + request.server_learning_rate * result.total).astype(np.float32)
-            self._log_round(r.name, result, group="train", length=adapter.size, round_index=k)
+            self._log_round(r.name, result, group=r.event(1.0).scope, length=adapter.size, round_index=k)
             if saved is not None:
                 buffer = io.BytesIO()
                 np.savez(buffer, round=k + 1, adapter=adapter)

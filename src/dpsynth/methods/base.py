@@ -166,6 +166,10 @@ class Method(ABC, Generic[OptionsT, StateT]):
         """The release the label proportions come from, if they are private (else uniform or public)."""
         return (LABELS_RELEASE, None) if self.config.privacy.label_proportions == "dp" else None
 
+    def assumptions(self) -> dict[str, str]:
+        """What the method adds to or changes in the privacy report's assumptions (e.g. its sampler)."""
+        return {}
+
     def party_groups(self) -> dict[str, tuple[int, ...]]:
         """Federated runs: named, disjoint groups of parties (a release whose event has that scope is
         answered by that group only, and composes in parallel with the other groups'). None by default."""

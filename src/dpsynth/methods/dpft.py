@@ -87,6 +87,10 @@ class Dpft(Method[DpftOptions, DpftState]):
     def iterations(self) -> int:
         return 2
 
+    def assumptions(self) -> dict[str, str]:
+        o = self.options
+        return {"sampler": f"DP-Adam: Poisson sampling of the records at rate {o.sampling_rate:g}, {o.steps} steps"}
+
     def schedule(self) -> Schedule:
         o = self.options
 

@@ -97,9 +97,23 @@ class Fedgen(Method[FedgenOptions, FedgenState]):
         if config.generators[0].kind not in LOCAL_KINDS:
             raise ValueError(f"fedgen fine-tunes a local GGUF model: generators[0].kind must be one of {LOCAL_KINDS}")
         strong, weak = _roles(config)
-        if fed.aggregation == "secagg+" and len(weak) < 2:
-            raise ValueError(f"fedgen needs at least 2 weak parties for SecAgg+ votes ({len(weak)} of {fed.parties} "
-                             "are weak); lower fedgen.strong or add parties")
+        if len(weak) < (2 if fed.aggregation == "secagg+" else 1):
+            raise ValueError(f"fedgen needs at least {2 if fed.aggregation == 'secagg+' else 1} weak parties to vote "
+                             f"({len(weak)} of {fed.parties} are weak); lower fedgen.strong or add parties")
+
+    def assumptions(self) -> dict[str, str]:
+        o = self.options
+        return {
+            "sampler": (f"training: Poisson sampling at rate {o.sampling_rate:g} within each strong party's records, "
+                        f"{o.rounds} x {o.local_steps} steps; profile and votes: every record"),
+            "trust_model": ("strong parties: local DP-SGD, each adds the full noise, so its adapter update is DP even "
+                            "to a server that sees it alone (training rounds are plain FedAvg); profile and weak "
+                            "parties' votes: Flower SecAgg+ sums whose noise shares add up to the full sigma when the "
+                            "round's threshold of parties answers; honest-but-curious server, no collusion with it"),
+            "groups": ("strong and weak parties' records compose in parallel: neighbouring datasets differ by one "
+                       "record at a fixed party (a party's records and role are its own, as in a real federation; "
+                       "experiment splits simulate such a partition)"),
+        }
 
     def party_groups(self) -> dict[str, tuple[int, ...]]:
         strong, weak = _roles(self.config)

@@ -124,6 +124,16 @@ class PrivacyPlan:
                 "accounting_delta": self.accounting_delta}
 
     def assumptions(self) -> Assumptions:
+        own = self.method.assumptions()
+        general = self._assumptions()
+        if not own:
+            return general
+        fields = {k: v for k, v in own.items() if k in Assumptions.model_fields}
+        if "groups" in own:
+            fields["unit"] = f"{general.unit}; {own['groups']}"
+        return general.model_copy(update=fields)
+
+    def _assumptions(self) -> Assumptions:
         p, fed = self.config.privacy, self.config.federated
         records = records_per_unit(self.config)
         if fed is None:
