@@ -57,3 +57,11 @@ def test_federated_single_party_view(parties: str, expected: str) -> None:
 def test_user_level() -> None:
     out = _budget("wasp", "--epsilon", "4", "--iterations", "5", "--max-records-per-user", "8")
     assert "13.06385" in out and "user (<= 8 records)" in out
+
+
+def test_fedgen_budget_shows_each_group_and_what_each_party_adds() -> None:
+    out = _budget("fedgen", "--epsilon", "4", "--parties", "10")
+    assert "noise_multiplier: 1.7274" in out and "vote_sigma: 1.9567" in out and "label_sigma: 3.7310" in out
+    assert "per group of records: parties:strong 3.99" in out and "parties:weak 3.99" in out
+    assert "each party adds noise_multiplier 1.727, the full noise (local DP-SGD)" in out
+    assert "each party adds vote_sigma 0.740" in out  # sigma / sqrt(7 weak parties)

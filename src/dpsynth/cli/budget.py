@@ -16,7 +16,7 @@ import typer
 
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.registry import method_class, method_names
-from dpsynth.privacy.accountant import Adjacency
+from dpsynth.privacy.accountant import Adjacency, epsilon_pld, scope_groups
 from dpsynth.runs.config import load_config
 from dpsynth.runs.planning import PrivacyPlan, plan_for_method, plan_privacy
 
@@ -111,6 +111,12 @@ def _print(plan: PrivacyPlan, vote_sigma: float | None) -> None:
                + (f" (accountant delta {plan.accounting_delta:g} + SecAgg+ clipping reserve {reserve:.3g})"
                   if reserve else "")
                + (f" (PLD; RDP cross-check {rdp:.4f})" if rdp is not None else " (PLD)"))
+    groups = scope_groups(plan.schedule.events(knobs)) if all(v > 0 for v in knobs.values()) else {}
+    if len(groups) > 1:
+        per_group = ", ".join(f"{name} {epsilon_pld(events, plan.accounting_delta, cfg.privacy.adjacency):.4f}"
+                              for name, events in groups.items())
+        typer.echo(f"  per group of records: {per_group} (disjoint groups compose in parallel: each sees the "
+                   "releases of all records and its own)")
     parties, fewest = plan.parties
     if parties > 1:
         shares: dict[str, float] = {}
