@@ -4,6 +4,7 @@
 # host names and TLS instead of --insecure, run the parties on separate machines.
 #
 #   scripts/federated_loopback.sh RUN.yaml OUT_DIR party0.csv party1.csv party2.csv ...
+#   STRONG_PARTIES="0 1" scripts/federated_loopback.sh ...   (method fedgen: parties 0 and 1 train)
 #
 # RUN.yaml must use `federated: {partition: nodes, parties: <number of files>}` and give task.
 set -euo pipefail
@@ -31,8 +32,10 @@ PIDS+=($!)
 sleep 8
 i=0
 for party in "$@"; do
+  role=""  # fedgen: STRONG_PARTIES="0 1" makes those parties training parties
+  for s in ${STRONG_PARTIES:-}; do if [ "$s" = "$i" ]; then role=' role="strong"'; fi; done
   flower-supernode --insecure --superlink 127.0.0.1:8000 --host 127.0.0.1 --port $((9094 + i)) \
-    --node-config "data-path=\"$(realpath "$party")\" party-id=$i" > "$LOGS/supernode$i.log" 2>&1 &
+    --node-config "data-path=\"$(realpath "$party")\" party-id=$i$role" > "$LOGS/supernode$i.log" 2>&1 &
   PIDS+=($!)
   i=$((i + 1))
 done
