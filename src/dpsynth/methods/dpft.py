@@ -123,11 +123,7 @@ class Dpft(Method[DpftOptions, DpftState]):
         request = self.training_request(ctx.task)
         o = self.options
         if t == 0:
-            t0 = time.perf_counter()
-            adapter = ctx.holder.train_adapter(request, release=self.release("training"),
-                                               on_step=training_progress(ctx, o.steps))
-            ctx.add_time("training", t0)
-            state.adapter = _hash(adapter)
+            state.adapter = train_adapter_once(ctx, request, self.release("training"))
             return {"iteration": 0, "training": {"steps": o.steps, "sampling_rate": o.sampling_rate,
                                                  "clip_norm": o.clip_norm, "sampler": "poisson",
                                                  "adapter": state.adapter}}
@@ -148,6 +144,16 @@ def local_gguf_path(config: RunConfig) -> Path:
     if path.suffix != ".gguf" or not path.is_file():
         raise DpsynthError(f"{config.method} fine-tunes a local GGUF model file; '{g.model}' is not one")
     return path
+
+
+def train_adapter_once(ctx: StepContext, request: AdapterTraining, release: tuple[str, int | None]) -> str:
+    """Ask the data holder for the DP-trained adapter (the release is charged and trained once; later asks
+    get the saved adapter); returns the adapter's hash, which names it in the state and the cache."""
+    t0 = time.perf_counter()
+    adapter = ctx.holder.train_adapter(request, release=release,
+                                       on_step=training_progress(ctx, request.total_steps))
+    ctx.add_time("training", t0)
+    return _hash(adapter)
 
 
 def training_progress(ctx: StepContext, steps: int):

@@ -35,7 +35,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.finetune.examples import control_prompt
 from dpsynth.finetune.request import AdapterTraining
 from dpsynth.methods.base import LABEL_SIGMA, LABELS_RELEASE, Method, MethodState, SamplingOptions, StepContext
-from dpsynth.methods.dpft import LOCAL_KINDS, local_gguf_path, sample_from_adapter, training_progress
+from dpsynth.methods.dpft import LOCAL_KINDS, local_gguf_path, sample_from_adapter, train_adapter_once
 from dpsynth.methods.generation import SyntheticSample, request_seed
 from dpsynth.methods.registry import register
 from dpsynth.privacy.events import GaussianEvent, PrivacyEvent, SubsampledGaussianEvent
@@ -182,11 +182,7 @@ class Fedgen(Method[FedgenOptions, FedgenState]):
         o = self.options
         request = self.training_request(ctx.task)
         if t == 0:
-            t0 = time.perf_counter()
-            adapter = ctx.holder.train_adapter(request, release=self.release("training"),
-                                               on_step=training_progress(ctx, request.total_steps))
-            ctx.add_time("training", t0)
-            state.adapter = _hash(adapter)
+            state.adapter = train_adapter_once(ctx, request, self.release("training"))
             return {"iteration": 0, "training": {"rounds": o.rounds, "local_steps": o.local_steps,
                                                  "sampling_rate": o.sampling_rate, "clip_norm": o.clip_norm,
                                                  "sampler": "poisson", "parties": list(request.parties or ()),
@@ -257,8 +253,3 @@ def _roles(config: RunConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
     weak = tuple(i for i in range(fed.parties) if i not in strong)
     return strong, weak
 
-
-def _hash(adapter: np.ndarray) -> str:
-    from dpsynth.finetune.model import adapter_hash
-
-    return adapter_hash(adapter.astype("float32"))
