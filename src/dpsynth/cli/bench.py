@@ -14,7 +14,9 @@ def _test_labels(spec) -> list[str] | None:
     from dpsynth.data.public import load_test
     from dpsynth.runs.config import parse_config
 
-    test = load_test(parse_config({**spec.base, "method": "fusegen"}, "bench base"))
+    # only the data section matters here; a federated base would not parse as a (non-federated) fusegen run
+    base = {k: v for k, v in spec.base.items() if k != "federated"}
+    test = load_test(parse_config({**base, "method": "fusegen"}, "bench base"))
     return None if test is None else list(test.labels)
 
 
