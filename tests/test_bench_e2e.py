@@ -42,7 +42,8 @@ def test_tiny_bench_grid(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "out" / "results.csv")))
-    assert sorted(r["variant"] for r in rows) == ["augpe", "augpe", "fusegen", "private_only", "wasp"]
+    assert sorted(r["variant"] for r in rows) == ["augpe", "augpe", "augpe:zero_shot", "augpe:zero_shot", "fusegen",
+                                                  "private_only", "wasp", "wasp:zero_shot"]  # + runs' own references
     by = {(r["variant"], r["plms"]): r for r in rows}
     assert float(by[("wasp", "smol+gemma")]["epsilon_spent"]) <= 4.0
     assert float(by[("fusegen", "smol+gemma")]["epsilon_spent"]) == 0.0
