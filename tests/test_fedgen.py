@@ -82,7 +82,7 @@ def test_plan_composes_the_two_groups_in_parallel_and_each_spends_the_budget() -
     assert epsilon_pld([profile, votes], delta) == pytest.approx(4.0, rel=2e-3)
     assert epsilon_pld([profile, train, votes], delta) > 4.5  # what sequential composition would charge
     assert plan.epsilon_of(knobs) == pytest.approx(4.0, rel=2e-3)
-    assert {r.name: r.event(1.0).scope for r in plan.schedule.releases} == {
+    assert {r.name: r.scope for r in plan.schedule.releases} == {
         "labels.histogram": "all", "fedgen.training": STRONG, "fedgen.votes": WEAK}
     assert plan.method.party_groups() == {STRONG: (0, 1, 2), WEAK: (3, 4, 5, 6, 7, 8, 9)}
     rows = {k["name"]: k for k in plan.describe(knobs)["knobs"]}

@@ -49,7 +49,7 @@ class FederatedHolder(ReleasingHolder):
 
     def _parties(self, release: Release) -> tuple[int, ...] | None:
         """Who answers a release: the group its event is scoped to (its accounting assumes exactly them)."""
-        scope = release.event(1.0).scope
+        scope = release.scope
         if scope == "all":
             return None
         if scope not in self.groups:
@@ -130,7 +130,7 @@ class FederatedHolder(ReleasingHolder):
             result = self.aggregator.train(TrainRound(r.name, k, adapter, payload, noise_multiplier,
                                                       tuple(request.parties or ())))
             adapter = (adapter + request.server_learning_rate * result.total).astype(np.float32)
-            self._log_round(r.name, result, group=r.event(1.0).scope, length=adapter.size, round_index=k)
+            self._log_round(r.name, result, group=r.scope, length=adapter.size, round_index=k)
             if saved is not None:
                 buffer = io.BytesIO()
                 np.savez(buffer, round=k + 1, adapter=adapter)
@@ -154,7 +154,7 @@ class FederatedHolder(ReleasingHolder):
                            self.clip_delta / rounds_in_run) if secure else 0.0)
         result = self.aggregator.aggregate(VoteRound(release.name, spec, candidates, labels, party_sigma, clip,
                                                      parties=parties, min_parties=self._fewest(parties)))
-        self._log_round(release.name, result, group=release.event(1.0).scope, length=n_out,
+        self._log_round(release.name, result, group=release.scope, length=n_out,
                         clipping_range=clip if secure else None,
                         quantization_step=2 * clip / quantization_range(self.config.parties) if secure else None)
         return result.total

@@ -77,6 +77,11 @@ class Release:
     def event(self, value: float) -> PrivacyEvent:
         return self.make_event(self.name, value)
 
+    @property
+    def scope(self) -> str:
+        """The records the release touches (its event's scope; the same at every knob value)."""
+        return self.event(1.0).scope
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -121,7 +126,7 @@ class Schedule:
 
     def scope_of(self, knob: str) -> str:
         """The records a knob's releases touch: one named scope, or "all" (also for mixed or unused knobs)."""
-        scopes = {r.event(1.0).scope for r in self.uses(knob)}
+        scopes = {r.scope for r in self.uses(knob)}
         return scopes.pop() if len(scopes) == 1 else ALL_RECORDS
 
     def knob(self, name: str) -> Knob:

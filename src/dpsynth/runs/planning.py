@@ -71,8 +71,10 @@ class PrivacyPlan:
     def _party_value(self, knob: str, value: float) -> float:
         """What each party adds for this knob: a share of the sum's noise, or (local DP-SGD) all of it."""
         uses = self.schedule.uses(knob)
+        # In a federation DP-SGD runs only at the training parties (FederatedHolder.train_adapter), each adding
+        # the full noise multiplier: local DP-SGD; every other release is a sum whose noise the parties share.
         if uses and all(isinstance(r.event(1.0), SubsampledGaussianEvent) for r in uses):
-            return value  # local DP-SGD: each training party adds the full noise multiplier
+            return value
         group = self.method.party_groups().get(self.schedule.scope_of(knob))
         fed = self.config.federated
         assert fed is not None
