@@ -223,13 +223,13 @@ def noise_parties(config: RunConfig) -> tuple[int, int | None]:
     fed = config.federated
     if fed is None:
         return 1, None
-    # Without secure aggregation the server sees single parties: each must carry the full noise.
-    return fed.parties, (fed.threshold if fed.aggregation == "secagg+" else 1)
+    return fed.parties, fewest_answering(fed)
 
 
 def fewest_answering(config: FederatedConfig, asked: int | None = None) -> int:
     """Fewest parties whose noise shares a round of `asked` parties (None: all) may sum: the threshold, less
-    the parties not asked (SecAgg+ needs at least 2); without SecAgg+ every party carries the full noise (1)."""
+    the parties not asked (SecAgg+ needs at least 2); without SecAgg+ the server sees single parties, so each
+    carries the full noise (1)."""
     if config.aggregation != "secagg+":
         return 1
     if asked is None or asked == config.parties:

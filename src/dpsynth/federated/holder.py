@@ -65,8 +65,7 @@ class FederatedHolder(ReleasingHolder):
 
     @property
     def min_parties(self) -> int:
-        # Without secure aggregation every party carries the full sigma, so any number of answers is safe.
-        return self.config.threshold if self.config.aggregation == "secagg+" else 1
+        return fewest_answering(self.config)
 
     def party_sigma(self, sigma: float, parties: tuple[int, ...] | None = None) -> float:
         return sigma / math.sqrt(self._fewest(parties))
