@@ -20,19 +20,7 @@ import numpy as np
 
 from dpsynth.data.corpora import get_corpus
 from dpsynth.embed.sentence import SentenceTransformerEmbedder
-
-
-def matmul_peak(n: int = 1536, repeats: int = 5) -> float:
-    """Float32 FLOP/s of a square matmul on this process's threads, best of `repeats`."""
-    import torch
-
-    a = torch.randn(n, n)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+from machine_limits import matmul_peak
 
 
 def main() -> None:
@@ -59,7 +47,9 @@ def main() -> None:
         batch = lengths[order[start_i:start_i + 64]]
         padded = int(batch.max())
         flops += len(batch) * padded * (2 * dense + 4 * cfg.num_hidden_layers * cfg.hidden_size * padded)
-    peak = matmul_peak()
+    import torch
+
+    peak = matmul_peak(square=lambda n: torch.randn(n, n))  # the encoder runs on torch's BLAS
     limit = flops / peak
     print(f"embedding {len(texts)} texts ({lengths.mean():.1f} tokens on average) with all-MiniLM-L6-v2: "
           f"{len(texts) / seconds:.0f} texts/s, {seconds:.2f} s")

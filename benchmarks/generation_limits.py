@@ -34,27 +34,7 @@ from dpsynth.llm.base import GenerationRequest
 from dpsynth.llm.llama_cpp_backend import LlamaCppGenerator, available_cores
 from dpsynth.llm.local_models import resolve_local_model
 from dpsynth.prompts.builder import PromptSettings, build_request
-
-
-def memory_bandwidth(gib: float = 0.5, repeats: int = 5) -> float:
-    """Bytes/s moved by a large array copy (one read + one write per element), best of `repeats`."""
-    a = np.ones(int(gib * 2**30) // 8)
-    b = np.empty_like(a)
-    best = min(_timed(lambda: np.copyto(b, a)) for _ in range(repeats))
-    return 2 * a.nbytes / best
-
-
-def matmul_peak(n: int = 1536, repeats: int = 5) -> float:
-    """Float32 FLOP/s of a square matmul (BLAS on this process's threads), best of `repeats`."""
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    best = min(_timed(lambda: a @ a) for _ in range(repeats))
-    return 2 * n**3 / best
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+from machine_limits import matmul_peak, memory_bandwidth
 
 
 def wasp_mix(gen: LlamaCppGenerator, count: int, samples_per_prompt: int) -> list[GenerationRequest]:
@@ -76,17 +56,6 @@ def wasp_mix(gen: LlamaCppGenerator, count: int, samples_per_prompt: int) -> lis
         few.append(build_request(task, label, chat=gen.chat, good=[written[j] for j in pick[:2]],
                                  bad=[written[j] for j in pick[2:]], settings=settings, seed=1000 + i))
     return zero + few
-
-
-def processed_prompt_tokens(gen: LlamaCppGenerator, requests: list[GenerationRequest]) -> int:
-    """Prompt tokens llama.cpp must process: each distinct prompt once (a repeat reuses the cached one)."""
-    distinct = {r.prompt if r.prompt is not None else r.messages: r for r in requests}
-    return sum(_prompt_tokens(gen, r) for r in distinct.values())
-
-
-def _prompt_tokens(gen: LlamaCppGenerator, request: GenerationRequest) -> int:
-    one = GenerationRequest(prompt=request.prompt, messages=request.messages, max_tokens=1, seed=request.seed)
-    return gen.generate([one])[0].prompt_tokens
 
 
 def phase_rates(gen: LlamaCppGenerator, prompts: list[GenerationRequest]) -> tuple[float, float]:
@@ -130,11 +99,13 @@ def main() -> None:
               f"({tg_limit:.0f} tokens/s, bandwidth / weight bytes)")
         base_rate = base_wall = None
         for label, requests in (("1 sample per prompt ", one), ("4 samples per prompt", four)):
-            prompt = processed_prompt_tokens(gen, requests)
-            gen._llm.reset()  # no prompt left in the KV cache from the counting above
+            gen._llm.reset()  # no prompt left in the KV cache from the previous measurement
             start = time.perf_counter()
             results = gen.generate(requests)
             seconds = time.perf_counter() - start
+            # Each distinct prompt is processed once (a repeat reuses llama.cpp's cached prompt).
+            first = {r.prompt if r.prompt is not None else r.messages: i for i, r in reversed(list(enumerate(requests)))}
+            prompt = sum(results[i].prompt_tokens for i in first.values())
             completion = sum(r.completion_tokens for r in results)
             rate = completion / seconds
             base_rate, base_wall = base_rate or rate, base_wall or seconds

@@ -20,6 +20,7 @@ import tracemalloc
 import numpy as np
 
 from dpsynth.voting.rank_votes import decaying_weights, wasp_votes
+from machine_limits import matmul_peak
 
 
 def naive_wasp_votes(private, p_labels, synthetic, s_labels, q):
@@ -39,17 +40,6 @@ def naive_wasp_votes(private, p_labels, synthetic, s_labels, q):
             del part, order, top
         del dist
     return np.concatenate([near, far])
-
-
-def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
-    """Float32 FLOP/s of a square matmul on this process's threads, best of `repeats`."""
-    a = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
 
 
 def measure(fn, *args):
@@ -90,7 +80,7 @@ def main() -> None:
     print(f"  speed-up {t_naive / t_ours:.2f}x, memory ratio {mem_naive / mem_ours:.1f}x less")
     # The arithmetic every exact method must do: one distance per (private, same-label synthetic) pair.
     flops = 2 * args.dim * sum(int((pl == c).sum()) * int((sl == c).sum()) for c in np.unique(pl))
-    peak = matmul_peak()
+    peak = matmul_peak(2048)
     print(f"  limit: {flops / 1e9:.0f} GFLOP of distances at the measured float32 matmul peak {peak / 1e9:.0f} GFLOP/s "
           f"= {flops / peak:.2f} s; dpsynth takes {t_ours / (flops / peak):.2f}x that (the rest is top-Q selection)")
     if not same:
