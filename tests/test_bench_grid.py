@@ -142,3 +142,62 @@ def test_a_runs_reference_sets_become_rows_paired_with_its_final_set(tmp_path: P
     assert ref["variant"] == "fedgen:stage3_uniform" and ref["seed"] == 0 and ref["accuracy"] == 0.5
     (diff,) = paired_table([row, ref], "zs", {"fedgen": ["fedgen:stage3_uniform"]})
     assert diff["versus"] == "fedgen:stage3_uniform" and diff["difference"] == pytest.approx(0.25)
+
+
+def test_the_fine_tuned_encoder_scores_finished_cells_and_gets_its_own_tables(tmp_path: Path) -> None:
+    """`classifiers: [probe, finetune]` adds the real fine-tuned MiniLM's per-example scores to a finished cell's
+    eval.json (once: a second pass reuses them) and the report gets fine-tuned tables next to the probe's."""
+    import json
+
+    import yaml
+
+    from dpsynth.bench.grid import run_grid
+    from dpsynth.cli.bench import CLASSIFIER_HEADINGS
+    from dpsynth.cli.bench import bench as bench_command
+    from dpsynth.bench.report import markdown_table
+
+    bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "eval_distribution": False,
+                                        "classifiers": ["probe", "finetune"],
+                                        "variants": [{"name": "fusegen", "method": "fusegen"}]})
+    (cell,) = cells(bench)
+    run = tmp_path / "cells" / cell["name"]
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({**cell["config"], "embedder": "all-MiniLM-L6-v2"}))
+    questions = {"human": ["Who wrote {}?", "Who invented {}?"], "location": ["Where is {}?", "What city has {}?"],
+                 "number": ["How many {} are there?", "When was {} built?"],
+                 "description": ["What is {}?", "Why does {} happen?"], "entity": ["What animal is {}?",
+                                                                                  "What color is {}?"],
+                 "abbreviation": ["What does {} stand for?", "What is the abbreviation {}?"]}
+    things = ["the bridge", "NASA", "the telephone", "Paris", "the moon", "rain"]
+    rows = [{"text": q.format(t), "label": label} for label, qs in questions.items() for q in qs for t in things]
+    (run / "synthetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "metrics.json").write_text(json.dumps({"timings": {"wall": 1.0}}))
+    (run / "privacy.json").write_text(json.dumps({"epsilon": 0.0}))
+
+    logged: list[str] = []
+    (row,) = run_grid(bench, tmp_path, log=logged.append)
+    assert any("fine-tuning the classifier" in line for line in logged)
+    assert 0.0 <= row["ft_accuracy"] <= 1.0 and len(row["ft_correct"]) == len(row["correct"]) == 1076
+    assert row["ft_accuracy"] == pytest.approx(sum(row["ft_correct"]) / 1076)
+    assert row["ft_accuracy"] > 0.3, "six-way TREC from question words: well above the 23% majority class"
+    logged.clear()
+    (again,) = run_grid(bench, tmp_path, log=logged.append)
+    assert not logged and again["ft_correct"] == row["ft_correct"], "scored once, then reused"
+    assert "ft_correct" not in (tmp_path / "results.csv").read_text()
+    spec_path = tmp_path / "bench.yaml"
+    spec_path.write_text(yaml.safe_dump(bench.model_dump()))
+    bench_command(spec_path, tmp_path, run=False)
+    report = (tmp_path / "results.md").read_text()
+    assert CLASSIFIER_HEADINGS["probe"] in report and CLASSIFIER_HEADINGS["finetune"] in report
+    assert f"{100 * row['ft_accuracy']:.2f} ± 0.00" in report
+    assert "fine-tuned encoder's accuracy (%)" in markdown_table([row], "ft_accuracy") and markdown_table([{**row, "ft_accuracy": None}],
+                                                                           "ft_accuracy") == ""
+
+
+def test_fine_tuned_encoder_trains_small_sets_for_at_least_min_steps() -> None:
+    from dpsynth.evaluate.finetune_classifier import FinetuneSettings
+
+    s = FinetuneSettings(epochs=10, min_steps=80, batch_size=16)
+    assert s.epochs_for(40) == 40  # 2 batches an epoch
+    assert s.epochs_for(120) == 12  # 7 batches an epoch
+    assert s.epochs_for(1600) == 10 and s.epochs_for(5) == 80

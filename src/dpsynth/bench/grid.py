@@ -14,7 +14,7 @@ import copy
 import csv
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +24,7 @@ from dpsynth.fs import RunDir
 from dpsynth.methods.registry import method_class, method_names
 from dpsynth.runs.config import parse_config
 
+PER_EXAMPLE = ("correct", "predicted", "ft_correct", "ft_predicted")  # kept out of results.csv
 PRIVATE_ONLY = "private_only"  # a reference row, not a method: the classifier trained on the private records
 
 
@@ -52,6 +53,10 @@ class BenchConfig(BaseModel):
     epsilons: list[float] = Field(default_factory=lambda: [4.0])
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
     eval_distribution: bool = Field(True, description="FID, MAUVE, precision/recall per cell")
+    classifiers: list[Literal["probe", "finetune"]] = Field(
+        default_factory=lambda: ["probe"], min_length=1,
+        description="downstream classifiers scored per cell: the logistic-regression probe on sentence embeddings "
+        "(fast; always computed) and the fine-tuned MiniLM encoder (the papers' small task model; ~1-2 min a cell)")
     baseline: Optional[str] = Field("fusegen", description="variant every other one is compared with, paired "
                                     "by seed and test example (95% bootstrap intervals)")
 
@@ -115,7 +120,7 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
              progress: Optional[Callable[[str, int, int], None]] = None, run_missing: bool = True) -> list[dict]:
     """Run (or resume) every cell and collect its row; `run_missing=False` only reports finished cells."""
     from dpsynth.data.public import load_test
-    from dpsynth.evaluate.run_eval import evaluate_run
+    from dpsynth.evaluate.run_eval import add_finetuned, evaluate_run
     from dpsynth.runs.engine import Run
 
     rows = []
@@ -139,6 +144,9 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
                 runner.execute()
             if not cell_dir.evaluation.exists():
                 evaluate_run(cell_dir.root, test, with_mauve=bench.eval_distribution)
+            if "finetune" in bench.classifiers and run_missing and not _has_finetuned(cell_dir):
+                log(f"fine-tuning the classifier of {cell['name']}")
+                add_finetuned(cell_dir.root, test)
             row = _row(cell, cell_dir)
             rows.extend(_reference_rows(cell, cell_dir, row))
         rows.append(row)
@@ -179,7 +187,20 @@ def _row(cell: dict, cell_dir: RunDir) -> dict:
         "note": "",
         "correct": final["probe"].get("correct"),  # per test example (not written to results.csv)
         "predicted": final["probe"].get("predicted"),  # per test example (not written to results.csv)
+        **_finetuned_columns(final.get("finetuned_encoder")),
     }
+
+
+def _has_finetuned(cell_dir: RunDir) -> bool:
+    return "finetuned_encoder" in json.loads(cell_dir.evaluation.read_text())["final"]
+
+
+def _finetuned_columns(scores: dict | None) -> dict:
+    """The fine-tuned encoder's scores as `ft_`-prefixed columns (per-example lists kept out of results.csv)."""
+    if not scores:
+        return {}
+    return {"ft_accuracy": scores["accuracy"], "ft_macro_f1": scores["macro_f1"], "ft_correct": scores["correct"],
+            "ft_predicted": scores["predicted"]}
 
 
 def _reference_rows(cell: dict, cell_dir: RunDir, row: dict) -> list[dict]:
@@ -209,7 +230,7 @@ def _federated_columns(fed: dict | None) -> dict:
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{k: v for k, v in r.items() if k not in ("correct", "predicted")} for r in rows]
+    rows = [{k: v for k, v in r.items() if k not in PER_EXAMPLE} for r in rows]
     fields = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)

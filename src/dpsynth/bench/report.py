@@ -25,6 +25,9 @@ def _fmt(values: list[float]) -> str:
 
 
 def markdown_table(rows: list[dict], metric: str = "accuracy") -> str:
+    rows = [r for r in rows if r.get(metric) is not None]  # e.g. cells not (yet) scored by the fine-tuned encoder
+    if not rows:
+        return ""
     eps_values = sorted({r["epsilon"] for r in rows if r["epsilon"] is not None})
     seeds = len({r["seed"] for r in rows})
 
@@ -40,7 +43,8 @@ def markdown_table(rows: list[dict], metric: str = "accuracy") -> str:
             cells.append(cell(by_eps[e]) if e in by_eps else "")
         cells.append(cell(by_eps[None]) if None in by_eps else "")
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append(f"\n{metric} (%) on the real test split, mean ± std over {seeds} seeds (n= where fewer); "
+    name = f"the fine-tuned encoder's {metric[3:]}" if metric.startswith("ft_") else metric
+    lines.append(f"\n{name} (%) on the real test split, mean ± std over {seeds} seeds (n= where fewer); "
                  "private_only is NOT DP.")
     return "\n".join(lines)
 

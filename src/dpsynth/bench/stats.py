@@ -77,12 +77,12 @@ def paired_f1_difference(a: dict[int, list[str]], b: dict[int, list[str]], truth
 
 
 def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None, *,
-                 truth: list[str] | None = None) -> list[dict]:
+                 truth: list[str] | None = None, prefix: str = "") -> list[dict]:
     """Each (variant, PLMs, epsilon) against its baseline variant (the bench's, or each of the variant's own
     `compare_with`), paired by seed and test example: accuracy, or macro-F1 when `truth` (the test labels)
-    is given."""
+    is given; of the probe, or of the classifier whose per-example columns carry `prefix` (`ft_`)."""
     compare_with = compare_with or {}
-    key = "correct" if truth is None else "predicted"
+    key = prefix + ("correct" if truth is None else "predicted")
     groups: dict[tuple, dict[int, list]] = defaultdict(dict)
     for r in rows:
         if r.get(key):
@@ -99,11 +99,11 @@ def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, list[s
 
 
 def paired_markdown(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None, *,
-                    truth: list[str] | None = None) -> str:
-    table = paired_table(rows, baseline, compare_with, truth=truth)
+                    truth: list[str] | None = None, prefix: str = "") -> str:
+    table = paired_table(rows, baseline, compare_with, truth=truth, prefix=prefix)
     if not table:
         return ""
-    metric = "accuracy" if truth is None else "macro-F1"
+    metric = ("accuracy" if truth is None else "macro-F1") + (" of the fine-tuned encoder" if prefix else "")
     lines = [f"Paired difference in {metric} vs a baseline variant (percentage points; 95% bootstrap interval over "
              "seeds and test examples):", "", "| method | PLMs | eps | vs | seeds | difference | 95% interval |",
              "|---|---|---|---|---|---|---|"]

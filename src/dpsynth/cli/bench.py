@@ -20,6 +20,12 @@ def _test_labels(spec) -> list[str] | None:
     return None if test is None else list(test.labels)
 
 
+CLASSIFIER_HEADINGS = {
+    "probe": "### Logistic-regression probe on MiniLM sentence embeddings",
+    "finetune": "### Fine-tuned MiniLM encoder (the papers' small task model)",
+}
+
+
 def majority_line(labels: list[str] | None) -> str:
     """Always answering the test split's most frequent label: a floor for every row (its macro-F1 too)."""
     from collections import Counter
@@ -48,14 +54,22 @@ def bench(
     if not rows:
         raise DpsynthError(f"{out}: no finished cell to report")
     labels = _test_labels(spec)
-    table = markdown_table(rows) + "\n\n" + markdown_table(rows, "macro_f1")
     compare_with = {v.name: v.paired_with() for v in spec.variants if v.compare_with}
-    if spec.baseline and any(r["variant"] in (spec.baseline, *(b for bs in compare_with.values() for b in bs))
-                             for r in rows):
-        table += "\n\n" + paired_markdown(rows, spec.baseline, compare_with)
-        if labels and all(r.get("predicted") for r in rows):
-            table += "\n\n" + paired_markdown(rows, spec.baseline, compare_with, truth=labels)
-    table += "\n\n" + majority_line(labels)
+    paired = spec.baseline and any(
+        r["variant"] in (spec.baseline, *(b for bs in compare_with.values() for b in bs)) for r in rows)
+    sections = []
+    for classifier in spec.classifiers:
+        prefix = "ft_" if classifier == "finetune" else ""
+        scored = [r for r in rows if r.get(prefix + "accuracy") is not None]
+        parts = [CLASSIFIER_HEADINGS[classifier] + (f" ({len(scored)} of {len(rows)} cells scored)"
+                                                     if len(scored) < len(rows) else ""),
+                 markdown_table(scored, prefix + "accuracy"), markdown_table(scored, prefix + "macro_f1")]
+        if paired:
+            parts.append(paired_markdown(scored, spec.baseline, compare_with, prefix=prefix))
+            if labels and all(r.get(prefix + "predicted") for r in scored):
+                parts.append(paired_markdown(scored, spec.baseline, compare_with, truth=labels, prefix=prefix))
+        sections.append("\n\n".join(p for p in parts if p))
+    table = "\n\n".join(sections) + "\n\n" + majority_line(labels)
     (out / "results.md").write_text(table + "\n")
     (out / "report.html").write_text(html_report(rows, out, spec.name))
     typer.echo(table)

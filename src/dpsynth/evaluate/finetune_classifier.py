@@ -1,12 +1,16 @@
 """The paper's STM: a small BERT-style encoder fine-tuned on synthetic data only.
 
 The backbone is the MiniLM encoder of the default embedder (offline from PyPI),
-with a fresh classification head; fixed epochs, learning rate and batch size so
-that runs are comparable.
+with a fresh classification head. Settings are fixed so that runs are comparable,
+and sized for the few dozen to few hundred samples a small run writes: measured on
+120 zero-shot Rotten Tomatoes reviews, 3 epochs at batch 32 (a handful of steps for a
+fresh head) reached 58.9% where the probe reached 68.5%; 10 epochs at batch 16 and
+learning rate 1e-4 reached 67.5%. Small sets get at least `min_steps` optimiser steps.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -18,11 +22,17 @@ from dpsynth.embed.sentence import DEFAULT_EMBEDDER, resolve_model_path
 
 @dataclass(frozen=True)
 class FinetuneSettings:
-    epochs: int = 3
-    learning_rate: float = 5e-5
-    batch_size: int = 32
+    epochs: int = 10
+    min_steps: int = 80
+    learning_rate: float = 1e-4
+    batch_size: int = 16
     max_length: int = 64
     seed: int = 0
+
+    def epochs_for(self, train_size: int) -> int:
+        """Epochs to train: `epochs`, or more when that would give fewer than `min_steps` steps."""
+        batches = max(1, train_size // self.batch_size)
+        return max(self.epochs, math.ceil(self.min_steps / batches))
 
 
 def finetune_scores(
@@ -32,10 +42,14 @@ def finetune_scores(
     test_labels: Sequence[str],
     settings: FinetuneSettings = FinetuneSettings(),
     backbone: str = DEFAULT_EMBEDDER,
-) -> dict[str, float]:
+) -> dict:
+    """Accuracy and macro-F1 on the test set, and per test example which answers were right and what was
+    predicted (so that bench can pair methods by test example, as for the probe)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()  # "newly initialized classifier weights" is the point here, not a warning
     torch.manual_seed(settings.seed)
     classes = sorted(set(train_labels) | set(test_labels))
     index = {c: i for i, c in enumerate(classes)}
@@ -46,7 +60,7 @@ def finetune_scores(
     y = torch.tensor([index[c] for c in train_labels])
     rng = np.random.default_rng(settings.seed)
     model.train()
-    for _ in range(settings.epochs):
+    for _ in range(settings.epochs_for(len(train_texts))):
         for batch in np.array_split(rng.permutation(len(train_texts)), max(1, len(train_texts) // settings.batch_size)):
             enc = tok([train_texts[i] for i in batch], truncation=True, max_length=settings.max_length,
                       padding=True, return_tensors="pt")
@@ -62,6 +76,8 @@ def finetune_scores(
                       padding=True, return_tensors="pt")
             preds += [classes[i] for i in model(**enc).logits.argmax(-1).tolist()]
     return {
+        "correct": [int(p == t) for p, t in zip(preds, test_labels)],  # per test example, for paired intervals
+        "predicted": preds,  # per test example, for paired macro-F1 intervals
         "accuracy": float(accuracy_score(test_labels, preds)),
         "macro_f1": float(f1_score(test_labels, preds, labels=sorted(set(test_labels)), average="macro",
                                    zero_division=0)),

@@ -115,14 +115,25 @@ def evaluate_run(
     for entry in out["iterations"][:-1]:
         entry["probe"].pop("correct")  # kept for the final set only (paired comparisons in bench)
         entry["probe"].pop("predicted")
-    final = out["iterations"][-1]
-    if classifier == "finetune":
-        from dpsynth.evaluate.finetune_classifier import finetune_scores
+    out["final"] = out["iterations"][-1]
+    atomic_write_text(RunDir(run_dir).evaluation, json.dumps(out, indent=2, default=float))
+    return add_finetuned(run_dir, test) if classifier == "finetune" else out
 
-        final["finetuned_encoder"] = finetune_scores(
-            [r["text"] for r in rows], [r["label"] for r in rows], test.texts, test.labels
-        )
-    out["final"] = final
+
+def add_finetuned(run_dir: Path, test: LabelledTexts) -> dict:
+    """Adds the fine-tuned encoder's scores on the final set to an evaluated run's eval.json (kept apart from
+    `evaluate_run` so that a bench can add the slower classifier to runs it already scored with the probe)."""
+    from dpsynth.evaluate.finetune_classifier import FinetuneSettings, finetune_scores
+
+    config, rows = load_run(run_dir)
+    out = json.loads(RunDir(run_dir).evaluation.read_text())
+    if out.get("test_size") != len(test):
+        raise DpsynthError(f"{run_dir}: eval.json was scored on another test set ({out.get('test_size')} examples, "
+                           f"not {len(test)}); run dpsynth eval again")
+    out["final"]["finetuned_encoder"] = finetune_scores(
+        [r["text"] for r in rows], [r["label"] for r in rows], test.texts, test.labels,
+        FinetuneSettings(seed=config["seed"]),
+    )
     atomic_write_text(RunDir(run_dir).evaluation, json.dumps(out, indent=2, default=float))
     return out
 
