@@ -68,3 +68,45 @@ def test_augpe_takes_one_plm() -> None:
             "generators": [{"model": "a.gguf", "name": "a"}, {"model": "b.gguf", "name": "b"}]}
     with pytest.raises(DpsynthError, match="exactly one PLM"):
         parse_config(base)
+
+
+def test_output_all_keeps_every_population_at_the_same_cost_and_privacy(tmp_path, monkeypatch) -> None:
+    """`augpe.output: all` writes the N*T samples its N*T calls made (ids unique, each population once, even
+    across a crash and resume), with the same releases as the paper's last-population output."""
+    import json
+
+    from fakes import FakeGenerator
+
+    from dpsynth.runs.config import parse_config
+    from dpsynth.runs.engine import Run
+
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    csv = tmp_path / "private.csv"
+    csv.write_text("text,label\n" + "".join(f"private review {i} of a {'great' if i % 2 else 'poor'} film,"
+                                            f"{'pos' if i % 2 else 'neg'}\n" for i in range(20)))
+
+    def run(output: str, out: str, crash_after: int | None = None) -> tuple[list[dict], dict]:
+        FakeGenerator.calls, FakeGenerator.fail_after = [], crash_after
+        cfg = parse_config({"method": "augpe", "data": {"private": str(csv)},
+                            "task": {"text_kind": "review", "labels": {"pos": "positive", "neg": "negative"}},
+                            "generators": [{"kind": "fake", "model": "a"}],
+                            "augpe": {"n": 8, "iterations": 3, "output": output},
+                            "privacy": {"epsilon": 2.0, "delta": 1e-3}, "evaluate": False, "seed": 3})
+        if crash_after is not None:
+            with pytest.raises(KeyboardInterrupt):
+                Run.create(cfg, tmp_path / out).execute()
+            FakeGenerator.fail_after = None
+            Run.resume(tmp_path / out).execute()
+        else:
+            Run.create(cfg, tmp_path / out).execute()
+        rows = [json.loads(line) for line in (tmp_path / out / "synthetic.jsonl").read_text().splitlines()]
+        return rows, json.loads((tmp_path / out / "privacy.json").read_text())
+
+    last, last_privacy = run("last", "last")
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache-all"))  # every call paid again: the crash lands mid-run
+    every, every_privacy = run("all", "all", crash_after=12)
+    assert len(last) == 8 and {r["iteration"] for r in last} == {2}
+    assert len(every) == 24 and sorted({r["iteration"] for r in every}) == [0, 1, 2]
+    assert len({(r["label"], r["text"].lower()) for r in every}) == 24
+    assert [e["name"] for e in every_privacy["events"]] == [e["name"] for e in last_privacy["events"]]
+    assert every_privacy["epsilon"] == pytest.approx(last_privacy["epsilon"])

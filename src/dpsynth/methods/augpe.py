@@ -7,7 +7,7 @@ for t in 1..T-1:                                               (T-1 noisy releas
         threshold set to 0
     parents = per label, rank (top by H, cycled) or sample (prop. to H) from population_{t-1}
     population_t = VARIATION_API(parents)                      (paraphrase / fill in the blanks)
-output population_{T-1}
+output population_{T-1} (or, with `output: all`, every population: N*T samples for N*T calls)
 
 Sensitivity 1 either way (Top-1, or k-NN weights 1/sqrt(k)); the accounting is the
 exact Gaussian-DP composition of the Aug-PE paper, done by the same ledger.
@@ -61,11 +61,16 @@ class AugPEOptions(SamplingOptions):
     selection: Literal["rank", "sample"] = "sample"
     variation: Literal["paraphrase", "fill_blank", "mixed"] = "mixed"
     fill_ratio: float = Field(0.3, gt=0, lt=1)
+    output: Literal["last", "all"] = Field(
+        "last", description="last: the final population (the paper's output, N samples); all: every population, "
+        "N*T samples for the same N*T generator calls (each population is public prompts plus earlier noisy "
+        "releases, so keeping them costs no privacy)")
 
 
 class AugPEState(MethodState):
     population: list[SyntheticSample] = []
     initial: list[SyntheticSample] = []
+    earlier: list[SyntheticSample] = []  # populations before the current one (kept with `output: all`)
 
 
 def vote_weights(kind: str, k: int) -> list[float]:
@@ -146,7 +151,11 @@ class AugPE(Method[AugPEOptions, AugPEState]):
                 return out
 
         t0 = time.perf_counter()
-        new, stats = generate_samples(t, plans=plans, generators=ctx.generators, existing=state.population,
+        keep_all = a.output == "all"
+        if keep_all and t > 0:
+            state.earlier = state.earlier + state.population
+        new, stats = generate_samples(t, plans=plans, generators=ctx.generators,
+                                      existing=state.earlier + state.population if keep_all else state.population,
                                       make_requests=make_requests, max_attempts=a.max_attempts,
                                       on_progress=ctx.generation_progress(t))
         ctx.add_time("generation", t0)
@@ -169,7 +178,7 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         return noisy
 
     def final_samples(self, state: AugPEState) -> list[SyntheticSample]:
-        return list(state.population)
+        return state.earlier + state.population if self.options.output == "all" else list(state.population)
 
     def reference_sets(self, state: AugPEState) -> dict[str, list[SyntheticSample]]:
         return {"zero_shot": list(state.initial)}
