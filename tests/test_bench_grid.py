@@ -39,6 +39,18 @@ def test_variant_epsilons_and_plms_expand_to_the_right_cells() -> None:
         cells(bad)
 
 
+def test_a_comparator_must_exist_and_run_at_one_epsilon() -> None:
+    def grid(*variants: dict) -> BenchConfig:
+        return BenchConfig.model_validate({"base": BASE, "seeds": [0], "variants": list(variants)})
+
+    cells(grid({"name": "wasp", "method": "wasp"}, {"name": "q1", "method": "wasp", "compare_with": "wasp"}))
+    with pytest.raises(DpsynthError, match="not a variant"):
+        cells(grid({"name": "q1", "method": "wasp", "compare_with": "nope"}))
+    with pytest.raises(DpsynthError, match="several epsilons"):
+        cells(grid({"name": "wasp", "method": "wasp", "epsilons": [4.0, "inf"]},
+                   {"name": "q1", "method": "wasp", "compare_with": "wasp"}))
+
+
 def test_federated_base_is_dropped_for_methods_without_private_votes() -> None:
     bench = BenchConfig.model_validate({
         "base": {**BASE, "federated": {"parties": 3}}, "seeds": [0],

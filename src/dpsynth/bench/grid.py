@@ -109,7 +109,24 @@ def cells(bench: BenchConfig) -> list[dict]:
                     name = f"{v.name}-{plm_tag if alone else 'all'}-eps{eps}-seed{seed}"
                     out.append({"name": name, "variant": v.name, "method": v.method, "plms": plm_tag,
                                 "epsilon": eps, "seed": seed, "config": raw})
+    _check_comparators(bench, out)
     return out
+
+
+def _check_comparators(bench: BenchConfig, grid: list[dict]) -> None:
+    """Every variant named in compare_with exists and runs at one epsilon (pairs are matched by seed, so a
+    comparator at two epsilons would pair with whichever run came last); so does the baseline, if present."""
+    epsilons: dict[str, set] = {}
+    for cell in grid:
+        epsilons.setdefault(cell["variant"], set()).add(cell["epsilon"])
+    for v in bench.variants:
+        for against in v.paired_with():
+            if against.split(":")[0] not in epsilons:  # `variant:set` names a run's own reference set
+                raise DpsynthError(f"variant {v.name}: compare_with names '{against}', which is not a variant")
+    for against in {b for v in bench.variants for b in v.paired_with()} | {bench.baseline} - {None}:
+        if len(epsilons.get(against, ())) > 1:
+            raise DpsynthError(f"variant '{against}' is compared with but runs at several epsilons; give each "
+                               "epsilon its own variant name to compare with")
 
 
 def _plm_name(generator: dict) -> str:
