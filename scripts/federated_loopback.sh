@@ -5,6 +5,8 @@
 #
 #   scripts/federated_loopback.sh RUN.yaml OUT_DIR party0.csv party1.csv party2.csv ...
 #   STRONG_PARTIES="0 1" scripts/federated_loopback.sh ...   (method fedgen: parties 0 and 1 train)
+#   PARTY_EPSILON=8 scripts/federated_loopback.sh ...         (each party refuses answers past epsilon 8 over
+#                                                              every run on its file; its ledger: FILE.privacy-ledger.json)
 #
 # RUN.yaml must use `federated: {partition: nodes, parties: <number of files>}` and give task.
 set -euo pipefail
@@ -32,10 +34,11 @@ PIDS+=($!)
 sleep 8
 i=0
 for party in "$@"; do
-  role=""  # fedgen: STRONG_PARTIES="0 1" makes those parties training parties
-  for s in ${STRONG_PARTIES:-}; do if [ "$s" = "$i" ]; then role=' role="strong"'; fi; done
+  extra=""  # fedgen: STRONG_PARTIES="0 1" makes those parties training parties
+  for s in ${STRONG_PARTIES:-}; do if [ "$s" = "$i" ]; then extra=' role="strong"'; fi; done
+  [ -z "${PARTY_EPSILON:-}" ] || extra="$extra epsilon=$PARTY_EPSILON"
   flower-supernode --insecure --superlink 127.0.0.1:8000 --host 127.0.0.1 --port $((9094 + i)) \
-    --node-config "data-path=\"$(realpath "$party")\" party-id=$i$role" > "$LOGS/supernode$i.log" 2>&1 &
+    --node-config "data-path=\"$(realpath "$party")\" party-id=$i$extra" > "$LOGS/supernode$i.log" 2>&1 &
   PIDS+=($!)
   i=$((i + 1))
 done

@@ -12,6 +12,7 @@ from dpsynth.privacy.sensitivity import (
     histogram_sensitivity,
     knn_votes_sensitivity,
     pe_top1_sensitivity,
+    rank_votes_sensitivity,
     wasp_topq_sensitivity,
 )
 from dpsynth.voting.rank_votes import decaying_weights, rank_votes, wasp_votes
@@ -110,6 +111,21 @@ def test_pe_top1_and_knn() -> None:
     pool = np.vstack([priv[:1] * -50, priv[:1] * 50])
     measured = _replace_max(top1, priv, pl, pool, np.array([0, 1]))
     assert measured == pytest.approx(pe_top1_sensitivity(Adjacency.REPLACE))
+
+
+def test_rank_votes_any_weights() -> None:
+    rng = np.random.default_rng(5)
+    priv, pl, syn, sl = _data(rng, 12, 40)
+    weights = [1.0, 0.7, 0.2, 0.05]
+    votes = lambda p, l: rank_votes(p, l, syn, sl, weights)[0]  # noqa: E731
+    assert _add_remove_max(votes, priv, pl) == pytest.approx(rank_votes_sensitivity(weights))
+    # two records of one user voting for the same candidates: the bound doubles and is attained
+    twice, twice_labels = np.repeat(priv, 2, axis=0), np.repeat(pl, 2)
+    assert _add_remove_max(votes, twice, twice_labels, group=2) == pytest.approx(
+        rank_votes_sensitivity(weights, max_records_per_user=2))
+    assert rank_votes_sensitivity([1.0] * 5) == pytest.approx(knn_votes_sensitivity(5, normalized=False))
+    with pytest.raises(ValueError):
+        rank_votes_sensitivity([])
 
 
 def test_histograms() -> None:

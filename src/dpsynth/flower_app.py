@@ -5,18 +5,20 @@ top of the package, beside the CLI, not inside `dpsynth.federated`.
 
     flower-superlink --insecure                                   # the server machine
     flower-supernode --insecure --superlink HOST:9092 \\
-        --node-config 'data-path="/data/party.csv"'               # each party's machine
+        --node-config 'data-path="/data/party.csv" epsilon=4'     # each party's machine
     flwr run deploy/flower <connection> --run-config 'config="/path/run.yaml" out="/path/run-dir"'
 
 The ServerApp runs the whole dpsynth run (generation, selection, ledger, outputs) with
 `federated.partition: nodes`; it never loads private data. Each SuperNode's ClientApp
 reads its own file, embeds it locally and answers vote rounds with its noisy votes,
-masked by SecAgg+. Deployed parties always draw secure noise. See docs/federated.md.
+masked by SecAgg+, each answer charged first to the party's own ledger (`party_ledger`).
+Deployed parties always draw secure noise. See docs/federated.md.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from dpsynth.data.loaders import load_labelled
 from dpsynth.errors import DpsynthError
 from dpsynth.federated.flower_secagg import party_client_app
 from dpsynth.federated.party import PartyShard
+from dpsynth.federated.party_ledger import PartyLedger
 
 
 class _NodeShard:
@@ -73,5 +76,17 @@ def _server_app():
 
 
 server_app = _server_app()
+def party_ledger(context: Any) -> PartyLedger:
+    """This SuperNode's own ledger (federated/party_ledger.py), from its node config: `privacy-ledger` (the
+    file; default beside the data file), `epsilon` (the party's budget over every run on this file; default
+    inf: spend is recorded, not capped) and `delta` (default 1e-5). A deployed party never answers without
+    noise."""
+    config = context.node_config
+    data = Path(str(config["data-path"]))
+    path = Path(str(config.get("privacy-ledger", data.with_name(data.name + ".privacy-ledger.json"))))
+    return PartyLedger(path, float(config.get("epsilon", math.inf)), float(config.get("delta", 1e-5)))
+
+
 client_app = party_client_app(_NodeShard(), secure=True, noise_seed=None,
-                              may_train=lambda context: str(context.node_config.get("role", "")) == "strong")
+                              may_train=lambda context: str(context.node_config.get("role", "")) == "strong",
+                              ledger_for=party_ledger)

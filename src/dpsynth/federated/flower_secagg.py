@@ -33,6 +33,8 @@ import numpy as np
 
 from dpsynth.errors import DpsynthError
 from dpsynth.federated.party import PartyShard, noisy_votes
+from dpsynth.federated.party_ledger import PartyLedger
+from dpsynth.finetune.request import AdapterTraining
 from dpsynth.voting.spec import VoteSpec
 
 T = TypeVar("T")
@@ -185,6 +187,7 @@ def _vote_config(vote_round: VoteRound, settings: FederationSettings) -> dict:
         "spec": vote_round.spec.model_dump_json(),
         "party_sigma": float(vote_round.party_sigma),
         "max_records": int(settings.max_records),
+        "min_parties": int(vote_round.min_parties or settings.min_parties),
         **settings.party_data,
     }
 
@@ -311,10 +314,14 @@ PLAIN_ROUNDS = ("roster", "train")  # rounds whose answers are public (a party i
 
 
 def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | None,
-                     may_train: Callable[[Any], bool] = lambda context: True):
+                     may_train: Callable[[Any], bool] = lambda context: True,
+                     ledger_for: Callable[[Any], PartyLedger | None] = lambda context: None):
     """The ClientApp every party runs: its noisy votes for each round, masked by SecAgg+ if `secure`;
     its party id for the roster round; its locally DP adapter update for a training round, if
-    `may_train(context)` (a deployed party trains only when its node config makes it a strong party)."""
+    `may_train(context)` (a deployed party trains only when its node config makes it a strong party).
+    With secure noise (`noise_seed` None) a party refuses to train without noise. If `ledger_for`
+    gives the party its own ledger, every vote and training answer is charged there before it is
+    computed, and refused past the party's own budget (or without noise, unless the ledger allows it)."""
     from flwr.client import NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.clientapp import ClientApp
@@ -336,12 +343,23 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
                     raise DpsynthError("this party is not a training party (node config role=\"strong\")")
                 if noise_seed is None and float(config["noise_multiplier"]) <= 0:
                     raise DpsynthError("a party with secure noise refuses to train without noise")
+                ledger = ledger_for(self.context)
+                if ledger is not None:
+                    request = AdapterTraining.model_validate_json(str(config["request"]))
+                    ledger.charge_training(release=str(config["release"]), round_index=int(config["round_index"]),
+                                           steps=request.steps, sampling_rate=request.sampling_rate,
+                                           noise_multiplier=float(config["noise_multiplier"]))
                 (adapter,) = parameters
                 return [local_update(shard, adapter, config, noise_seed=noise_seed)], 1, {}
             candidates, labels = parameters
+            spec = VoteSpec.model_validate_json(str(config["spec"]))
+            party_sigma = float(config["party_sigma"])
+            ledger = ledger_for(self.context)
+            if ledger is not None:
+                ledger.charge_votes(spec, release=str(config["release"]), party_sigma=party_sigma,
+                                    min_parties=int(config["min_parties"]))
             vec = noisy_votes(
-                shard, VoteSpec.model_validate_json(str(config["spec"])), candidates,
-                labels, release=str(config["release"]), party_sigma=float(config["party_sigma"]),
+                shard, spec, candidates, labels, release=str(config["release"]), party_sigma=party_sigma,
                 max_records=int(config["max_records"]), noise_seed=noise_seed,
             )
             return [vec], 1, {}
@@ -363,8 +381,10 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
 
 
 def run_federation(shards: list[PartyShard], settings: FederationSettings,
-                   program: Callable[[FlowerAggregator], T]) -> T:
+                   program: Callable[[FlowerAggregator], T],
+                   ledger_for: Callable[[int], PartyLedger | None] = lambda party_id: None) -> T:
     """Start a Flower simulation of the parties and run `program` as its ServerApp; return its result.
+    `ledger_for(party_id)`: a simulated party's own ledger, as a deployed party keeps (flower_app).
 
     Flower's simulation runtime logs server-side exceptions instead of raising them, so the
     program's outcome (result or exception) is carried out through a closure and re-raised.
@@ -392,8 +412,10 @@ def run_federation(shards: list[PartyShard], settings: FederationSettings,
     logging.getLogger("flwr").setLevel(logging.WARNING)
     run_simulation(
         server_app=app, num_supernodes=settings.parties,
-        client_app=party_client_app(lambda context, _config: shards[int(context.node_config["partition-id"])],
-                                    secure=settings.secure, noise_seed=settings.noise_seed),
+        client_app=party_client_app(
+            lambda context, _config: shards[int(context.node_config["partition-id"])],
+            secure=settings.secure, noise_seed=settings.noise_seed,
+            ledger_for=lambda context: ledger_for(shards[int(context.node_config["partition-id"])].party_id)),
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                         "init_args": {"include_dashboard": False, "log_to_driver": False}},
     )

@@ -13,6 +13,7 @@ the sum by at most sqrt(|v|^2 + |v'|^2) = sqrt(2)|v| (disjoint supports), not
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from dpsynth.privacy.accountant import Adjacency
 from dpsynth.voting.rank_votes import decaying_weights
@@ -68,6 +69,18 @@ def knn_votes_sensitivity(
     if k < 1:
         raise ValueError("k must be >= 1")
     return _scale(1.0 if normalized else math.sqrt(k), adjacency, max_records_per_user)
+
+
+def rank_votes_sensitivity(
+    weights: Sequence[float], adjacency: Adjacency = Adjacency.ADD_REMOVE, *, max_records_per_user: int = 1
+) -> float:
+    """Rank-weighted votes with any weights (weight w_r on the r-th nearest of distinct candidates): ||w||_2.
+
+    k-NN votes are the case of k equal weights, Private Evolution's histogram the case (1,).
+    """
+    if not weights or any(w < 0 for w in weights):
+        raise ValueError("rank weights must be a non-empty sequence of non-negative numbers")
+    return _scale(math.sqrt(sum(w * w for w in weights)), adjacency, max_records_per_user)
 
 
 def histogram_sensitivity(

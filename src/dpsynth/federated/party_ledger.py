@@ -1,0 +1,137 @@
+"""A data party's own privacy ledger: every answer it gives, charged in its own accounting, across runs.
+
+The run's ledger lives with the server. A party that relied on it alone would trust the server to
+ask only for the rounds its plan accounts for, and to run a study on the party's file only once. A
+deployed party therefore keeps a ledger of its own, a file beside its data: before it computes an
+answer it derives the answer's privacy event from what it is itself about to add (its noise share,
+the fewest parties whose shares the sum is promised to carry, the vote's sensitivity computed here
+from the vote definition, never taken from the server), charges it, and refuses the answer if that
+would take it past its own budget. A repeated round (a server resuming after a crash) is a new
+answer with fresh noise and is charged again.
+
+Trust model of the charge: votes and profiles count the noise of the `min_parties` shares the
+SecAgg+ sum is promised to contain (honest parties, a server that follows the protocol); training
+updates are locally DP, so their charge holds against any server.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+from pathlib import Path
+
+from dpsynth.errors import DpsynthError
+from dpsynth.privacy.accountant import Adjacency
+from dpsynth.privacy.events import GaussianEvent, PrivacyEvent, SubsampledGaussianEvent
+from dpsynth.privacy.ledger import Assumptions, PrivacyLedger
+from dpsynth.privacy.sensitivity import histogram_sensitivity, rank_votes_sensitivity, wasp_topq_sensitivity
+from dpsynth.voting.spec import VoteSpec
+
+
+TRUST_MODEL = ("this party's own ledger: votes and profiles count the noise of the min_parties shares the "
+               "SecAgg+ sum promises (honest parties, a protocol-following server); training is local DP-SGD")
+
+
+def vote_sensitivity(spec: VoteSpec, adjacency: Adjacency) -> float:
+    """L2 sensitivity of one party's vote vector for `spec`, one record per person (the party's unit)."""
+    if spec.kind == "wasp":
+        return wasp_topq_sensitivity(spec.q, adjacency)
+    if spec.kind == "label_counts":
+        return histogram_sensitivity(adjacency)
+    return rank_votes_sensitivity(spec.weights, adjacency)
+
+
+class PartyLedger:
+    """The party's ledger file: loaded, charged and saved under a file lock for every answer.
+
+    `epsilon` may be inf: the party then records what it spends without refusing for the amount. An
+    answer without noise is refused unless `allow_noiseless` (an experiment's epsilon = inf reference run
+    with a party budget of inf); it then makes the ledger's epsilon inf.
+    """
+
+    def __init__(self, path: Path, epsilon: float, delta: float, adjacency: Adjacency = Adjacency.ADD_REMOVE,
+                 *, allow_noiseless: bool = False) -> None:
+        if not epsilon > 0 or not 0 < delta < 1:
+            raise DpsynthError(f"a party's budget needs epsilon > 0 and delta in (0, 1) (got {epsilon}, {delta})")
+        self.allow_noiseless = allow_noiseless
+        self.path = Path(path)
+        self.epsilon = float(epsilon)
+        self.delta = float(delta)
+        self.adjacency = adjacency
+
+    def charge_votes(self, spec: VoteSpec, *, release: str, party_sigma: float, min_parties: int) -> None:
+        """Charge one vote (or label-count) answer before it is computed; raises if it would break the budget."""
+        if min_parties < 1:
+            raise DpsynthError(f"round {release}: min_parties must be >= 1 (got {min_parties})")
+
+        def event(name: str) -> PrivacyEvent | None:
+            if party_sigma <= 0:
+                return None
+            sens = vote_sensitivity(spec, self.adjacency)
+            sigma = party_sigma * math.sqrt(min_parties)  # the fewest shares the sum carries
+            if spec.sampling_rate < 1:
+                return SubsampledGaussianEvent(name=name, sampling_rate=spec.sampling_rate,
+                                               noise_multiplier=sigma / sens)
+            return GaussianEvent(name=name, sensitivity=sens, sigma=sigma)
+
+        self._charge(release, event)
+
+    def charge_training(self, *, release: str, round_index: int, steps: int, sampling_rate: float,
+                        noise_multiplier: float) -> None:
+        """Charge one round of local DP-SGD (Poisson sampling, per-example clipping) before it runs."""
+
+        def event(name: str) -> PrivacyEvent | None:
+            if noise_multiplier <= 0:
+                return None
+            return SubsampledGaussianEvent(name=name, count=steps, sampling_rate=sampling_rate,
+                                           noise_multiplier=noise_multiplier)
+
+        self._charge(f"{release}/round{round_index}", event)
+
+    def spent(self) -> float:
+        """Epsilon the party has spent so far at its delta (inf after a noiseless answer)."""
+        with self._locked():
+            return self._load().spent().epsilon
+
+    def _charge(self, what: str, event_for) -> None:
+        with self._locked():
+            ledger = self._load()
+            name = f"{what}/answer{len(ledger.events) + len(ledger.non_private_releases) + 1}"
+            event = event_for(name)
+            if event is None:
+                if not self.allow_noiseless:
+                    raise DpsynthError(f"{what}: this party refuses to answer without noise")
+                ledger.record_non_private(name)  # refused unless the party's budget is inf
+            else:
+                ledger.record(event)  # BudgetExceededError (a DpsynthError) before anything is computed
+            ledger.save(self.path)
+
+    def _load(self) -> PrivacyLedger:
+        assumptions = Assumptions(adjacency=self.adjacency, unit="record of this party",
+                                  sampler="as each answer states (Poisson for training and subsampled votes)",
+                                  trust_model=TRUST_MODEL)
+        if not self.path.exists():
+            return PrivacyLedger(self.epsilon, self.delta, assumptions)
+        saved = PrivacyLedger.load(self.path)
+        return PrivacyLedger(self.epsilon, self.delta, assumptions, events=saved.events,
+                             non_private_releases=saved.non_private_releases)
+
+    def _locked(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return _FileLock(self.path.with_name(self.path.name + ".lock"))
+
+
+class _FileLock:
+    """An exclusive lock on a side file: two answers of one party (Flower may run them in two processes)
+    must not both read the ledger before either has saved its charge."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        self._handle = open(self.path, "a")
+        fcntl.flock(self._handle, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self._handle, fcntl.LOCK_UN)
+        self._handle.close()

@@ -1,0 +1,119 @@
+"""A party's own ledger: charges derived at the party, refusals past its budget, on a real federation too."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dpsynth.errors import DpsynthError
+from dpsynth.federated.flower_secagg import FederationError, FederationSettings, VoteRound, run_federation
+from dpsynth.federated.party import PartyShard
+from dpsynth.federated.party_ledger import PartyLedger, vote_sensitivity
+from dpsynth.flower_app import party_ledger
+from dpsynth.privacy.accountant import Adjacency, epsilon_pld
+from dpsynth.privacy.events import GaussianEvent, SubsampledGaussianEvent
+from dpsynth.privacy.ledger import BudgetExceededError, PrivacyLedger
+from dpsynth.privacy.sensitivity import wasp_topq_sensitivity
+from dpsynth.voting.spec import VoteSpec
+
+DELTA = 1e-5
+
+
+def _eps(*events) -> float:
+    return epsilon_pld(list(events), DELTA)
+
+
+def test_vote_charge_is_the_sum_noise_of_the_fewest_shares_with_the_sensitivity_computed_here(tmp_path: Path) -> None:
+    ledger = PartyLedger(tmp_path / "p.json", math.inf, DELTA)
+    spec = VoteSpec(kind="wasp", q=8)
+    ledger.charge_votes(spec, release="wasp.votes[1]", party_sigma=0.5, min_parties=4)
+    expected = GaussianEvent(name="x", sensitivity=wasp_topq_sensitivity(8), sigma=0.5 * 2)
+    assert ledger.spent() == pytest.approx(_eps(expected), rel=1e-6)
+    # subsampled votes are a Poisson-subsampled Gaussian; label counts have sensitivity 1
+    sub = PartyLedger(tmp_path / "s.json", math.inf, DELTA)
+    sub.charge_votes(VoteSpec(kind="rank", weights=(1.0, 1.0), sampling_rate=0.1), release="v", party_sigma=1.0,
+                     min_parties=1)
+    assert sub.spent() == pytest.approx(
+        _eps(SubsampledGaussianEvent(name="x", sampling_rate=0.1, noise_multiplier=1 / math.sqrt(2))), rel=1e-6)
+    assert vote_sensitivity(VoteSpec(kind="label_counts"), Adjacency.ADD_REMOVE) == 1.0
+    assert vote_sensitivity(VoteSpec(kind="label_counts"), Adjacency.REPLACE) == pytest.approx(math.sqrt(2))
+
+
+def test_training_charge_is_local_dp_sgd_and_a_repeated_round_is_charged_again(tmp_path: Path) -> None:
+    ledger = PartyLedger(tmp_path / "p.json", math.inf, DELTA)
+    for _ in range(2):  # a server resuming after a crash asks round 0 again: fresh noise, a second charge
+        ledger.charge_training(release="fedgen.training", round_index=0, steps=5, sampling_rate=0.25,
+                               noise_multiplier=1.5)
+    one = SubsampledGaussianEvent(name="x", count=5, sampling_rate=0.25, noise_multiplier=1.5)
+    assert ledger.spent() == pytest.approx(_eps(one, one.model_copy(update={"name": "y"})), rel=1e-6)
+    names = [e.name for e in PrivacyLedger.load(tmp_path / "p.json").events]
+    assert names == ["fedgen.training/round0/answer1", "fedgen.training/round0/answer2"]
+
+
+def test_budget_spans_runs_and_refuses_before_recording(tmp_path: Path) -> None:
+    path = tmp_path / "party.json"
+    spec = VoteSpec(kind="rank")
+    one = _eps(GaussianEvent(name="x", sensitivity=1.0, sigma=3.0))
+    PartyLedger(path, 1.2 * one, DELTA).charge_votes(spec, release="run1.votes", party_sigma=3.0, min_parties=1)
+    # a second run on the same file (a new process, a new ledger object) sees the first run's spend
+    again = PartyLedger(path, 1.2 * one, DELTA)
+    with pytest.raises(BudgetExceededError, match="nothing was released"):
+        again.charge_votes(spec, release="run2.votes", party_sigma=3.0, min_parties=1)
+    assert len(PrivacyLedger.load(path).events) == 1 and again.spent() == pytest.approx(one, rel=1e-6)
+
+
+def test_noiseless_answers_are_refused_unless_allowed(tmp_path: Path) -> None:
+    spec = VoteSpec(kind="rank")
+    with pytest.raises(DpsynthError, match="without noise"):
+        PartyLedger(tmp_path / "a.json", math.inf, DELTA).charge_votes(spec, release="v", party_sigma=0.0,
+                                                                        min_parties=3)
+    with pytest.raises(DpsynthError, match="without noise"):
+        PartyLedger(tmp_path / "a.json", math.inf, DELTA).charge_training(
+            release="t", round_index=0, steps=1, sampling_rate=0.5, noise_multiplier=0.0)
+    experiment = PartyLedger(tmp_path / "b.json", math.inf, DELTA, allow_noiseless=True)
+    experiment.charge_votes(spec, release="v", party_sigma=0.0, min_parties=3)
+    assert experiment.spent() == math.inf
+    with pytest.raises(BudgetExceededError):  # a finite budget never takes a noiseless answer
+        PartyLedger(tmp_path / "c.json", 4.0, DELTA, allow_noiseless=True).charge_votes(
+            spec, release="v", party_sigma=0.0, min_parties=3)
+    with pytest.raises(DpsynthError, match="epsilon > 0"):
+        PartyLedger(tmp_path / "d.json", 0.0, DELTA)
+
+
+def test_deployed_party_reads_its_budget_from_node_config(tmp_path: Path) -> None:
+    data = tmp_path / "party.csv"
+    ledger = party_ledger(SimpleNamespace(node_config={"data-path": str(data), "epsilon": 8, "delta": 1e-6}))
+    assert (ledger.path, ledger.epsilon, ledger.delta) == (tmp_path / "party.csv.privacy-ledger.json", 8.0, 1e-6)
+    assert not ledger.allow_noiseless
+    default = party_ledger(SimpleNamespace(node_config={"data-path": str(data),
+                                                        "privacy-ledger": str(tmp_path / "l.json")}))
+    assert (default.path, default.epsilon, default.delta) == (tmp_path / "l.json", math.inf, 1e-5)
+
+
+def test_real_federation_parties_charge_their_own_ledgers_and_refuse_past_budget(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    shards = [PartyShard(i, rng.normal(size=(5, 16)).astype(np.float32), rng.integers(0, 2, 5)) for i in range(3)]
+    candidates, cand_labels = rng.normal(size=(12, 16)).astype(np.float32), rng.integers(0, 2, 12)
+    spec = VoteSpec(kind="wasp", q=2)
+    settings = FederationSettings(parties=3, min_parties=3, secure=True, max_records=10, timeout=60, noise_seed=5)
+    one = _eps(GaussianEvent(name="x", sensitivity=wasp_topq_sensitivity(2), sigma=0.8 * math.sqrt(3)))
+    budget = 1.2 * one  # room for one round, not two
+
+    def program(aggregator):
+        first = aggregator.aggregate(VoteRound("wasp.votes.1", spec, candidates, cand_labels, 0.8, clip=25.0))
+        with pytest.raises(FederationError):
+            aggregator.aggregate(VoteRound("wasp.votes.2", spec, candidates, cand_labels, 0.8, clip=25.0))
+        return first
+
+    result = run_federation(shards, settings, program,
+                            ledger_for=lambda party: PartyLedger(tmp_path / f"party{party}.json", budget, DELTA))
+    assert result.contributors == 3
+    for party in range(3):
+        saved = json.loads((tmp_path / f"party{party}.json").read_text())
+        assert [e["name"] for e in saved["events"]] == ["wasp.votes.1/answer1"]  # the refused round left no charge
+        assert PartyLedger(tmp_path / f"party{party}.json", budget, DELTA).spent() == pytest.approx(one, rel=1e-6)
