@@ -51,6 +51,31 @@ def test_a_comparator_must_exist_and_run_at_one_epsilon() -> None:
                    {"name": "q1", "method": "wasp", "compare_with": "wasp"}))
 
 
+def test_only_runs_the_named_variants_and_what_they_are_compared_with(tmp_path: Path, monkeypatch) -> None:
+    from dpsynth.bench.grid import needed_variants, run_grid
+    from dpsynth.runs import engine
+
+    bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "baseline": "fusegen", "variants": [
+        {"name": "wasp", "method": "wasp"}, {"name": "augpe", "method": "augpe", "plms": ["gemma"]},
+        {"name": "q1", "method": "wasp", "compare_with": ["wasp", "augpe:zero_shot"]},
+        {"name": "fusegen", "method": "fusegen"}]})
+    assert needed_variants(bench, ["q1"]) == {"q1", "wasp", "augpe", "fusegen"}
+    assert needed_variants(bench, ["fusegen"]) == {"fusegen"}
+    with pytest.raises(DpsynthError, match="not a variant of"):
+        needed_variants(bench, ["nope"])
+
+    class Refuse:  # stands in for a real run: a cell that is started names itself
+        @staticmethod
+        def create(config, root, progress=None):
+            raise RuntimeError(f"ran {Path(root).name}")
+
+    monkeypatch.setattr(engine, "Run", Refuse)
+    with pytest.raises(RuntimeError, match="ran fusegen-"):  # wasp, augpe and q1 come first and are skipped
+        run_grid(bench, tmp_path, log=lambda line: None, only=["fusegen"])
+    with pytest.raises(RuntimeError, match="ran wasp-"):
+        run_grid(bench, tmp_path, log=lambda line: None, only=["q1"])
+
+
 def test_federated_base_is_dropped_for_methods_without_private_votes() -> None:
     bench = BenchConfig.model_validate({
         "base": {**BASE, "federated": {"parties": 3}}, "seeds": [0],

@@ -14,7 +14,7 @@ import copy
 import csv
 import json
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -133,26 +133,45 @@ def _plm_name(generator: dict) -> str:
     return generator.get("name") or Path(generator["model"]).stem
 
 
+def needed_variants(bench: BenchConfig, only: Sequence[str]) -> set[str]:
+    """The variants `only` names plus every variant they are compared with and the baseline: what a run of
+    part of a grid must finish for its paired tables."""
+    known = {v.name for v in bench.variants}
+    unknown = sorted(set(only) - known)
+    if unknown:
+        raise DpsynthError(f"--only names {', '.join(unknown)}, not a variant of {bench.name} "
+                           f"(variants: {', '.join(sorted(known))})")
+    needed = set(only) | ({bench.baseline} & known)
+    for v in bench.variants:
+        if v.name in only:
+            needed |= {against.split(":")[0] for against in v.paired_with()}
+    return needed
+
+
 def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
-             progress: Optional[Callable[[str, int, int], None]] = None, run_missing: bool = True) -> list[dict]:
-    """Run (or resume) every cell and collect its row; `run_missing=False` only reports finished cells."""
+             progress: Optional[Callable[[str, int, int], None]] = None, run_missing: bool = True,
+             only: Optional[Sequence[str]] = None) -> list[dict]:
+    """Run (or resume) every cell and collect its row; `run_missing=False` only reports finished cells;
+    `only`: run just those variants and what they are compared with (other finished cells are still reported)."""
     from dpsynth.data.public import load_test
     from dpsynth.evaluate.run_eval import add_finetuned, evaluate_run
     from dpsynth.runs.engine import Run
 
+    wanted = None if only is None else needed_variants(bench, only)
     rows = []
     for cell in cells(bench):
+        run_missing_here = run_missing and (wanted is None or cell["variant"] in wanted)
         cell_dir = RunDir(out / "cells" / cell["name"])
         config = parse_config(cell["config"], cell["name"])
         test = load_test(config)
         if test is None:
             raise DpsynthError("bench needs a real test set: use data.corpus or data.test")
         if cell["method"] == PRIVATE_ONLY:
-            if not run_missing:
+            if not run_missing_here:
                 continue
             row = _private_only(cell, config, test)
         else:
-            if not cell_dir.is_finished() and not run_missing:
+            if not cell_dir.is_finished() and not run_missing_here:
                 continue
             if not cell_dir.is_finished():
                 log(f"running {cell['name']}")
@@ -161,7 +180,7 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
                 runner.execute()
             if not cell_dir.evaluation.exists():
                 evaluate_run(cell_dir.root, test, with_mauve=bench.eval_distribution)
-            if "finetune" in bench.classifiers and run_missing and not _has_finetuned(cell_dir):
+            if "finetune" in bench.classifiers and run_missing_here and not _has_finetuned(cell_dir):
                 log(f"fine-tuning the classifier of {cell['name']}")
                 add_finetuned(cell_dir.root, test)
             row = _row(cell, cell_dir)

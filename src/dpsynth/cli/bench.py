@@ -42,6 +42,9 @@ def bench(
     config: Path = typer.Argument(..., help="Bench configuration (YAML): base run config, variants, epsilons, seeds."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: bench/<name>)."),
     run: bool = typer.Option(True, "--run/--report-only", help="--report-only: tables of the finished cells only."),
+    only: Optional[list[str]] = typer.Option(
+        None, "--only", help="Run only this variant (repeatable) and the variants it is compared with; finished "
+        "cells of the others are still reported."),
 ) -> None:
     """Resumable grid; writes results.csv, results.md (Table-1 shape) and report.html."""
     from dpsynth.bench.grid import load_bench, run_grid
@@ -50,7 +53,7 @@ def bench(
 
     spec = load_bench(config)
     out = out or Path("bench") / spec.name
-    rows = run_grid(spec, out, log=typer.echo, run_missing=run)
+    rows = run_grid(spec, out, log=typer.echo, run_missing=run, only=only or None)
     if not rows:
         raise DpsynthError(f"{out}: no finished cell to report")
     labels = _test_labels(spec)
