@@ -117,3 +117,20 @@ def test_real_federation_parties_charge_their_own_ledgers_and_refuse_past_budget
         saved = json.loads((tmp_path / f"party{party}.json").read_text())
         assert [e["name"] for e in saved["events"]] == ["wasp.votes.1/answer1"]  # the refused round left no charge
         assert PartyLedger(tmp_path / f"party{party}.json", budget, DELTA).spent() == pytest.approx(one, rel=1e-6)
+
+
+def test_cli_prints_a_partys_answers_and_epsilon(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import _typer_app
+
+    path = tmp_path / "party.csv.privacy-ledger.json"
+    ledger = PartyLedger(path, 8.0, DELTA)
+    for _ in range(2):
+        ledger.charge_votes(VoteSpec(kind="rank"), release="augpe.votes[1]", party_sigma=2.0, min_parties=2)
+    out = CliRunner().invoke(_typer_app, ["party-ledger", str(path)])
+    assert out.exit_code == 0, out.output
+    assert "augpe.votes[1]: 2 answers" in out.output
+    assert f"epsilon: {ledger.spent():.4f} at delta 1e-05" in out.output and "budget: 8" in out.output
+    missing = CliRunner().invoke(_typer_app, ["party-ledger", str(tmp_path / "nope.json")])
+    assert missing.exit_code != 0 and "no party ledger here" in str(missing.exception)

@@ -11,6 +11,7 @@ from dpsynth.cli.audit import audit
 from dpsynth.cli.bench import bench
 from dpsynth.cli.budget import budget
 from dpsynth.cli.evaluate import evaluate
+from dpsynth.cli.party import party_ledger
 from dpsynth.cli.report import report
 from dpsynth.cli.runs import demo, run
 from dpsynth.errors import DpsynthError
@@ -42,6 +43,7 @@ _typer_app.command("eval")(evaluate)
 _typer_app.command("bench")(bench)
 _typer_app.command("audit")(audit)
 _typer_app.command("report")(report)
+_typer_app.command("party-ledger")(party_ledger)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
