@@ -223,7 +223,7 @@ def test_the_fine_tuned_encoder_scores_finished_cells_and_gets_its_own_tables(tm
     assert "ft_correct" not in (tmp_path / "results.csv").read_text()
     spec_path = tmp_path / "bench.yaml"
     spec_path.write_text(yaml.safe_dump(bench.model_dump()))
-    bench_command(spec_path, tmp_path, run=False)
+    bench_command(spec_path, tmp_path, run=False, only=None)
     report = (tmp_path / "results.md").read_text()
     assert CLASSIFIER_HEADINGS["probe"] in report and CLASSIFIER_HEADINGS["finetune"] in report
     assert f"{100 * row['ft_accuracy']:.2f} ± 0.00" in report
