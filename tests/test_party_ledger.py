@@ -12,7 +12,7 @@ import pytest
 
 from dpsynth.errors import DpsynthError
 from dpsynth.federated.flower_secagg import FederationError, FederationSettings, VoteRound, run_federation
-from dpsynth.federated.party import PartyShard
+from dpsynth.federated.party import PartyShard, noisy_votes
 from dpsynth.federated.party_ledger import PartyLedger, vote_sensitivity
 from dpsynth.flower_app import party_ledger
 from dpsynth.privacy.accountant import Adjacency, epsilon_pld
@@ -34,12 +34,16 @@ def test_vote_charge_is_the_sum_noise_of_the_fewest_shares_with_the_sensitivity_
     ledger.charge_votes(spec, release="wasp.votes[1]", party_sigma=0.5, min_parties=4)
     expected = GaussianEvent(name="x", sensitivity=wasp_topq_sensitivity(8), sigma=0.5 * 2)
     assert ledger.spent() == pytest.approx(_eps(expected), rel=1e-6)
-    # subsampled votes are a Poisson-subsampled Gaussian; label counts have sensitivity 1
+    # a party votes with every record, so a spec claiming subsampling gets no amplification from its ledger
+    # (and the party refuses to answer it); label counts have sensitivity 1
     sub = PartyLedger(tmp_path / "s.json", math.inf, DELTA)
-    sub.charge_votes(VoteSpec(kind="rank", weights=(1.0, 1.0), sampling_rate=0.1), release="v", party_sigma=1.0,
-                     min_parties=1)
-    assert sub.spent() == pytest.approx(
-        _eps(SubsampledGaussianEvent(name="x", sampling_rate=0.1, noise_multiplier=1 / math.sqrt(2))), rel=1e-6)
+    subsampled = VoteSpec(kind="rank", weights=(1.0, 1.0), sampling_rate=0.1)
+    sub.charge_votes(subsampled, release="v", party_sigma=1.0, min_parties=1)
+    assert sub.spent() == pytest.approx(_eps(GaussianEvent(name="x", sensitivity=math.sqrt(2), sigma=1.0)), rel=1e-6)
+    shard = PartyShard(0, np.zeros((3, 4), np.float32), np.array([0, 1, 0]))
+    with pytest.raises(DpsynthError, match="no federated form"):
+        noisy_votes(shard, subsampled, np.zeros((2, 4), np.float32), np.array([0, 1]), release="v",
+                    party_sigma=1.0, max_records=10, noise_seed=1)
     assert vote_sensitivity(VoteSpec(kind="label_counts"), Adjacency.ADD_REMOVE) == 1.0
     assert vote_sensitivity(VoteSpec(kind="label_counts"), Adjacency.REPLACE) == pytest.approx(math.sqrt(2))
 

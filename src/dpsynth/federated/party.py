@@ -47,6 +47,11 @@ def noisy_votes(
         raise DpsynthError(
             f"party {shard.party_id} holds more records than federated.max_records_per_party={max_records}"
         )
+    if spec.sampling_rate < 1:
+        # Only the central data holder draws Poisson subsamples; a party votes with every record, so a
+        # release accounted as subsampled must never be answered here.
+        raise DpsynthError(f"party {shard.party_id}: subsampled votes (sampling_rate {spec.sampling_rate:g}) "
+                           "have no federated form")
     votes = compute_votes(spec, shard.embeddings, shard.label_ids, candidates, candidate_labels)
     if party_sigma == 0.0:  # epsilon = inf reference run: the ledger says NOT DP
         return votes

@@ -5,7 +5,8 @@ ask only for the rounds its plan accounts for, and to run a study on the party's
 deployed party therefore keeps a ledger of its own, a file beside its data: before it computes an
 answer it derives the answer's privacy event from what it is itself about to add (its noise share,
 the fewest parties whose shares the sum is promised to carry, the vote's sensitivity computed here
-from the vote definition, never taken from the server), charges it, and refuses the answer if that
+from the vote definition, never taken from the server; no subsampling, since a party votes with
+every record), charges it, and refuses the answer if that
 would take it past its own budget. A repeated round (a server resuming after a crash) is a new
 answer with fresh noise and is charged again.
 
@@ -67,11 +68,10 @@ class PartyLedger:
         def event(name: str) -> PrivacyEvent | None:
             if party_sigma <= 0:
                 return None
+            # A party votes with every record (it does not subsample: see party.noisy_votes), so no
+            # subsampling amplification is claimed whatever the spec says.
             sens = vote_sensitivity(spec, self.adjacency)
             sigma = party_sigma * math.sqrt(min_parties)  # the fewest shares the sum carries
-            if spec.sampling_rate < 1:
-                return SubsampledGaussianEvent(name=name, sampling_rate=spec.sampling_rate,
-                                               noise_multiplier=sigma / sens)
             return GaussianEvent(name=name, sensitivity=sens, sigma=sigma)
 
         self._charge(release, event)
