@@ -34,12 +34,13 @@ def test_vote_charge_is_the_sum_noise_of_the_fewest_shares_with_the_sensitivity_
     ledger.charge_votes(spec, release="wasp.votes[1]", party_sigma=0.5, min_parties=4)
     expected = GaussianEvent(name="x", sensitivity=wasp_topq_sensitivity(8), sigma=0.5 * 2)
     assert ledger.spent() == pytest.approx(_eps(expected), rel=1e-6)
-    # a party votes with every record, so a spec claiming subsampling gets no amplification from its ledger
-    # (and the party refuses to answer it); label counts have sensitivity 1
+    # a party votes with every record: a spec claiming subsampling is refused, before anything is charged;
+    # label counts have sensitivity 1
     sub = PartyLedger(tmp_path / "s.json", math.inf, DELTA)
     subsampled = VoteSpec(kind="rank", weights=(1.0, 1.0), sampling_rate=0.1)
-    sub.charge_votes(subsampled, release="v", party_sigma=1.0, min_parties=1)
-    assert sub.spent() == pytest.approx(_eps(GaussianEvent(name="x", sensitivity=math.sqrt(2), sigma=1.0)), rel=1e-6)
+    with pytest.raises(DpsynthError, match="no federated form"):
+        sub.charge_votes(subsampled, release="v", party_sigma=1.0, min_parties=1)
+    assert sub.spent() == 0.0
     shard = PartyShard(0, np.zeros((3, 4), np.float32), np.array([0, 1, 0]))
     with pytest.raises(DpsynthError, match="no federated form"):
         noisy_votes(shard, subsampled, np.zeros((2, 4), np.float32), np.array([0, 1]), release="v",
@@ -138,3 +139,5 @@ def test_cli_prints_a_partys_answers_and_epsilon(tmp_path: Path) -> None:
     assert f"epsilon: {ledger.spent():.4f} at delta 1e-05" in out.output and "budget: 8" in out.output
     missing = CliRunner().invoke(_typer_app, ["party-ledger", str(tmp_path / "nope.json")])
     assert missing.exit_code != 0 and "no party ledger here" in str(missing.exception)
+    bad_delta = CliRunner().invoke(_typer_app, ["party-ledger", str(path), "--delta", "2"])
+    assert bad_delta.exit_code != 0 and "--delta must be in (0, 1)" in str(bad_delta.exception)

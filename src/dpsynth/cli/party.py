@@ -27,6 +27,8 @@ def party_ledger(
     except (ValueError, KeyError) as err:
         raise DpsynthError(f"{path}: not a party ledger ({str(err).splitlines()[0]})") from err
     at = ledger.delta if delta is None else delta
+    if not 0 < at < 1:
+        raise DpsynthError(f"--delta must be in (0, 1) (got {at:g})")
     per_release = Counter(e.name.rsplit("/answer", 1)[0] for e in ledger.events)
     for release, answers in per_release.items():
         typer.echo(f"{release}: {answers} answer{'s' * (answers > 1)}")

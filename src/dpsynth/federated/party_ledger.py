@@ -64,12 +64,13 @@ class PartyLedger:
         """Charge one vote (or label-count) answer before it is computed; raises if it would break the budget."""
         if min_parties < 1:
             raise DpsynthError(f"round {release}: min_parties must be >= 1 (got {min_parties})")
+        if spec.sampling_rate < 1:  # refused here too, so the refused answer is never charged
+            raise DpsynthError(f"round {release}: subsampled votes have no federated form (a party votes with "
+                               "every record)")
 
         def event(name: str) -> PrivacyEvent | None:
             if party_sigma <= 0:
                 return None
-            # A party votes with every record (it does not subsample: see party.noisy_votes), so no
-            # subsampling amplification is claimed whatever the spec says.
             sens = vote_sensitivity(spec, self.adjacency)
             sigma = party_sigma * math.sqrt(min_parties)  # the fewest shares the sum carries
             return GaussianEvent(name=name, sensitivity=sens, sigma=sigma)
