@@ -29,3 +29,23 @@ def test_a_leading_newline_is_not_cut_by_a_newline_stop() -> None:
 
     assert _cut_at_stop("\n A warm film.\nNext", ("\n",)) == "A warm film."
     assert _cut_at_stop("plain", ("\n",)) == "plain"
+
+
+def test_stopping_at_the_stop_keeps_every_text_and_decodes_fewer_tokens() -> None:
+    """Each sequence stops decoding at its own first stop after some text; the batch's random draws do not
+    depend on when rows stop, so the kept texts equal those of decoding every row to max_tokens and cutting."""
+    from dataclasses import replace
+
+    from dpsynth.llm.base import GenerationRequest
+    from dpsynth.llm.transformers_backend import TransformersGenerator, _cut_at_stop
+    from dpsynth.llm.local_models import resolve_local_model
+
+    gen = TransformersGenerator(str(resolve_local_model("smollm2-135m-instruct")[0]), chat=False)
+    prompts = ["Movie review (positive):\n", "Movie review (negative):\n"]
+    stopped = [GenerationRequest(prompt=prompts[i % 2], max_tokens=40, temperature=1.0, stop=("\n",), seed=i)
+               for i in range(6)]
+    full = gen.generate([replace(r, stop=()) for r in stopped])
+    early = gen.generate(stopped)
+    assert [r.text for r in early] == [_cut_at_stop(r.text, ("\n",)) for r in full]
+    assert any("\n" in r.text.strip() for r in full)  # some rows had text past a stop: the test can fail
+    assert sum(r.completion_tokens for r in early) < sum(r.completion_tokens for r in full)

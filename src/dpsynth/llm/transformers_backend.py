@@ -2,7 +2,12 @@
 
 Requests are sampled in left-padded batches. Batches are formed from requests
 in order, and each batch's sampling seed is derived from its requests' seeds,
-so a rerun of the same requests is reproducible.
+so a rerun of the same requests is reproducible. A sequence stops decoding at its
+first stop sequence after some text (`StopAfterText`), and a batch ends when all of
+its sequences have: without that, every sequence ran to `max_tokens` and a newline-
+stopped sample paid for about twice the tokens it kept. On two CPU cores one forward
+pass over 32 sequences costs far less than 32 passes over one (the weights are read
+once), hence the default batch of 32 (`benchmarks/transformers_generation.py`).
 
 transformers' info logs and weight-loading progress bars are off unless `dpsynth --verbose`
 (`dpsynth.llm.quiet`).
@@ -47,8 +52,24 @@ def load_causal_lm(model: str) -> tuple[Any, Any]:
     return loaded, tokenizer
 
 
+class StopAfterText:
+    """Per-sequence stopping criterion: row i is done once its generated text, leading whitespace dropped,
+    contains one of its own stop sequences (`stops[i]`; the same rule as `_cut_at_stop`, so no token it
+    would keep is cut off and a model that opens with a newline is not stopped before writing anything)."""
+
+    def __init__(self, tokenizer: Any, prompt_length: int, stops: Sequence[Sequence[str]]) -> None:
+        self._tok, self._start, self._stops = tokenizer, prompt_length, [tuple(s) for s in stops]
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        texts = self._tok.batch_decode(input_ids[:, self._start :], skip_special_tokens=True)
+        done = [any(s in text.lstrip() for s in stops) for text, stops in zip(texts, self._stops)]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
 class TransformersGenerator:
-    def __init__(self, model: str, *, name: str | None = None, chat: bool | None = None, batch_size: int = 8) -> None:
+    def __init__(self, model: str, *, name: str | None = None, chat: bool | None = None, batch_size: int = 32) -> None:
         import torch
 
         self._torch = torch
@@ -82,14 +103,17 @@ class TransformersGenerator:
     def generate(
         self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None
     ) -> list[GenerationResult]:
+        from transformers import StoppingCriteriaList
+
         torch = self._torch
         results: list[GenerationResult] = []
-        for start in range(0, len(requests), self._batch_size):
-            batch = list(requests[start : start + self._batch_size])
+        for start, batch in _batches(requests, self._batch_size):
             first = batch[0]
             enc = self._tok([self._text(r) for r in batch], return_tensors="pt", padding=True)
             seed = int.from_bytes(hashlib.sha256(str([r.seed for r in batch]).encode()).digest()[:4], "big")
             torch.manual_seed(seed)
+            prompt_len = enc["input_ids"].shape[1]
+            criteria = StoppingCriteriaList([StopAfterText(self._tok, prompt_len, [r.stop for r in batch])])
             with torch.no_grad():
                 out = self._model.generate(
                     **enc,
@@ -98,8 +122,8 @@ class TransformersGenerator:
                     top_p=first.top_p,
                     max_new_tokens=max(r.max_tokens for r in batch),
                     pad_token_id=self._tok.pad_token_id,
+                    stopping_criteria=criteria,
                 )
-            prompt_len = enc["input_ids"].shape[1]
             for j, request in enumerate(batch):
                 new_tokens = out[j, prompt_len:][: request.max_tokens]
                 new_tokens = new_tokens[new_tokens != self._tok.pad_token_id]
@@ -109,6 +133,19 @@ class TransformersGenerator:
                 if on_result:
                     on_result(start + j, result)
         return results
+
+
+def _batches(requests: Sequence[GenerationRequest], size: int) -> list[tuple[int, list[GenerationRequest]]]:
+    """(index of the first request, requests): runs of consecutive requests, at most `size` long, that share
+    their sampling settings (one `generate` call samples a whole batch with one temperature and top-p)."""
+    out: list[tuple[int, list[GenerationRequest]]] = []
+    for i, request in enumerate(requests):
+        last = out[-1][1] if out else None
+        if last and len(last) < size and (last[0].temperature, last[0].top_p) == (request.temperature, request.top_p):
+            last.append(request)
+        else:
+            out.append((i, [request]))
+    return out
 
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
