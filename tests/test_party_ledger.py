@@ -90,6 +90,36 @@ def test_noiseless_answers_are_refused_unless_allowed(tmp_path: Path) -> None:
         PartyLedger(tmp_path / "d.json", 0.0, DELTA)
 
 
+def test_training_round_is_charged_on_the_party_ledger_before_it_runs(tmp_path: Path, monkeypatch) -> None:
+    """A deployed party (its own ledger) refuses a noiseless round before training; a simulated party (no
+    ledger of its own: the run's ledger holds the release) trains as asked, as at epsilon = inf."""
+    from dpsynth.federated import party_training
+    from dpsynth.finetune.request import AdapterTraining
+
+    trained: list[float] = []
+    monkeypatch.setattr(party_training, "local_update",
+                        lambda shard, adapter, config, noise_seed: trained.append(config["noise_multiplier"]) or adapter)
+    request = AdapterTraining(model="m.gguf", lora_r=4, lora_alpha=8, steps=3, sampling_rate=0.2, clip_norm=1.0,
+                              learning_rate=1e-3, max_length=16, prompts={"a": "A:"})
+    shard = PartyShard(party_id=0, embeddings=np.zeros((1, 2), np.float32), label_ids=np.zeros(1, np.int64))
+
+    def answer(noise: float, ledger: PartyLedger | None) -> np.ndarray:
+        config = {"request": request.model_dump_json(), "release": "train", "round_index": 0,
+                  "noise_multiplier": noise}
+        return party_training.training_answer(shard, np.ones(2, np.float32), config, ledger=ledger, noise_seed=None)
+
+    deployed = PartyLedger(tmp_path / "p.json", 4.0, DELTA)
+    with pytest.raises(DpsynthError, match="without noise"):
+        answer(0.0, deployed)
+    assert trained == [] and deployed.spent() == 0.0
+    answer(1.5, deployed)
+    assert trained == [1.5]
+    assert deployed.spent() == pytest.approx(_eps(SubsampledGaussianEvent(name="t", count=3, sampling_rate=0.2,
+                                                                          noise_multiplier=1.5)))
+    answer(0.0, None)
+    assert trained == [1.5, 0.0]
+
+
 def test_deployed_party_reads_its_budget_from_node_config(tmp_path: Path) -> None:
     data = tmp_path / "party.csv"
     ledger = party_ledger(SimpleNamespace(node_config={"data-path": str(data), "epsilon": 8, "delta": 1e-6}))

@@ -34,7 +34,6 @@ import numpy as np
 from dpsynth.errors import DpsynthError
 from dpsynth.federated.party import PartyShard, noisy_votes
 from dpsynth.federated.party_ledger import PartyLedger
-from dpsynth.finetune.request import AdapterTraining
 from dpsynth.voting.spec import VoteSpec
 
 T = TypeVar("T")
@@ -72,7 +71,7 @@ class TrainRound:
     release: str
     round_index: int
     adapter: np.ndarray
-    request: str  # AdapterTraining, as JSON
+    request: str  # finetune.request.AdapterTraining, as JSON
     noise_multiplier: float
     parties: tuple[int, ...]
 
@@ -319,9 +318,9 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
     """The ClientApp every party runs: its noisy votes for each round, masked by SecAgg+ if `secure`;
     its party id for the roster round; its locally DP adapter update for a training round, if
     `may_train(context)` (a deployed party trains only when its node config makes it a strong party).
-    With secure noise (`noise_seed` None) a party refuses to train without noise. If `ledger_for`
-    gives the party its own ledger, every vote and training answer is charged there before it is
-    computed, and refused past the party's own budget (or without noise, unless the ledger allows it)."""
+    If `ledger_for` gives the party its own ledger (a deployed party always has one), every vote and
+    training answer is charged there before it is computed, and refused past the party's own budget
+    (or without noise, unless the ledger allows it)."""
     from flwr.client import NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.clientapp import ClientApp
@@ -337,20 +336,13 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
             if kind == "roster":
                 return [np.array([shard.party_id], dtype=np.float64)], 1, {}
             if kind == "train":
-                from dpsynth.federated.party_training import local_update
+                from dpsynth.federated.party_training import training_answer
 
                 if not may_train(self.context):
                     raise DpsynthError("this party is not a training party (node config role=\"strong\")")
-                if noise_seed is None and float(config["noise_multiplier"]) <= 0:
-                    raise DpsynthError("a party with secure noise refuses to train without noise")
-                ledger = ledger_for(self.context)
-                if ledger is not None:
-                    request = AdapterTraining.model_validate_json(str(config["request"]))
-                    ledger.charge_training(release=str(config["release"]), round_index=int(config["round_index"]),
-                                           steps=request.steps, sampling_rate=request.sampling_rate,
-                                           noise_multiplier=float(config["noise_multiplier"]))
                 (adapter,) = parameters
-                return [local_update(shard, adapter, config, noise_seed=noise_seed)], 1, {}
+                return [training_answer(shard, adapter, config, ledger=ledger_for(self.context),
+                                        noise_seed=noise_seed)], 1, {}
             candidates, labels = parameters
             spec = VoteSpec.model_validate_json(str(config["spec"]))
             party_sigma = float(config["party_sigma"])

@@ -17,10 +17,26 @@ import numpy as np
 
 from dpsynth.errors import DpsynthError
 from dpsynth.federated.party import PartyShard
+from dpsynth.federated.party_ledger import PartyLedger
 from dpsynth.finetune.request import AdapterTraining
 from dpsynth.privacy.mechanisms import NoiseSource
 
 _MODELS: dict[tuple[str, int, int], tuple[Any, Any]] = {}
+
+
+def training_answer(shard: PartyShard, adapter: np.ndarray, config: Any, *, ledger: PartyLedger | None,
+                    noise_seed: int | None) -> np.ndarray:
+    """The party's answer to a training round: the round charged on its own ledger first (which refuses it
+    past the party's budget, or without noise unless the party allows that), then its local update.
+
+    Without a party ledger (a simulation, where the run's ledger is the only one and already holds the
+    release, noiseless at epsilon = inf) the round runs as the run asked; a deployed party always has one."""
+    if ledger is not None:
+        request = AdapterTraining.model_validate_json(str(config["request"]))
+        ledger.charge_training(release=str(config["release"]), round_index=int(config["round_index"]),
+                               steps=request.steps, sampling_rate=request.sampling_rate,
+                               noise_multiplier=float(config["noise_multiplier"]))
+    return local_update(shard, adapter, config, noise_seed=noise_seed)
 
 
 def local_update(shard: PartyShard, adapter: np.ndarray, config: Any, *, noise_seed: int | None) -> np.ndarray:
