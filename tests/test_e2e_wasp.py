@@ -141,13 +141,18 @@ def test_interrupt_and_resume_match_uninterrupted_run(tmp_path: Path) -> None:
     while not first_ckpt.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert first_ckpt.exists(), "iteration 0 finished"
-    # wait until iteration 1 has paid for some generations, then press Ctrl-C
+    # Wait until iteration 1 has paid for a generation, freeze the run (SIGSTOP) so that it cannot finish
+    # between our look and the Ctrl-C, then press Ctrl-C and let it go on to handle it.
     done_at_ckpt = len(_prompts(cache_b))
-    while len(_prompts(cache_b)) < done_at_ckpt + 3 and proc.poll() is None:
-        time.sleep(0.1)
+    while len(_prompts(cache_b)) < done_at_ckpt + 1 and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGSTOP)
+    paid = len(_prompts(cache_b)) - done_at_ckpt
+    assert proc.poll() is None, f"the run finished before it could be interrupted ({paid} generations after iteration 0)"
     proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == 130, f"{paid} generations after iteration 0 when interrupted\n" + err[-2000:]
     assert "dpsynth run --resume" in err
     assert not (tmp_path / "b" / "synthetic.jsonl").exists()
 
