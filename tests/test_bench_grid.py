@@ -87,6 +87,20 @@ def test_federated_base_is_dropped_for_methods_without_private_votes() -> None:
     parse_config(by_method["fusegen"])  # valid: fusegen has no federated mode
 
 
+def test_a_zero_shot_cell_with_dp_label_proportions_has_an_epsilon() -> None:
+    """Zero-shot with `label_proportions: dp` spends budget on its label histogram: the bench must not list it
+    (name, epsilon column) as a run without privacy cost."""
+    bench = BenchConfig.model_validate({
+        "base": {**BASE, "federated": {"parties": 3}}, "seeds": [0], "epsilons": [4.0],
+        "variants": [{"name": "zs", "method": "fusegen"},
+                     {"name": "zs-dp", "method": "fusegen", "overrides": {"privacy": {"label_proportions": "dp"}}}]})
+    by_name = {c["variant"]: c for c in cells(bench)}
+    assert by_name["zs"]["epsilon"] is None and by_name["zs"]["name"] == "zs-all-epsNone-seed0"
+    assert by_name["zs-dp"]["epsilon"] == 4.0 and by_name["zs-dp"]["name"] == "zs-dp-all-eps4.0-seed0"
+    config = parse_config(by_name["zs-dp"]["config"])
+    assert config.privacy.label_proportions == "dp" and config.federated is None
+
+
 def test_reports_handle_infinite_epsilon(tmp_path: Path) -> None:
     rows = [{"name": f"wasp-{e}-{s}", "variant": "wasp", "method": "wasp", "plms": "all", "epsilon": e, "seed": s,
              "accuracy": 0.6 + 0.01 * s, "fid": 0.5} for e in (1.0, 4.0, math.inf) for s in (0, 1)]

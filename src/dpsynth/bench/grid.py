@@ -93,9 +93,13 @@ def cells(bench: BenchConfig) -> list[dict]:
         cls = method_class(v.method) if v.method != PRIVATE_ONLY else None
         alone = cls is not None and cls.one_generator_per_run
         plm_sets = [[g] for g in generators] if alone else [generators]
-        resamples = _merge(bench.base, v.overrides).get("resample") is not None
+        merged = _merge(bench.base, v.overrides)
+        resamples = merged.get("resample") is not None
         private_votes = cls is not None and (cls.uses_private_data or resamples)
-        epsilons: list[Optional[float]] = list(v.epsilons or bench.epsilons) if private_votes else [None]
+        # DP label proportions are a private release too: such a cell has an epsilon even without votes.
+        dp_labels = cls is not None and (merged.get("privacy") or {}).get("label_proportions") == "dp"
+        private = private_votes or dp_labels
+        epsilons: list[Optional[float]] = list(v.epsilons or bench.epsilons) if private else [None]
         for plms in plm_sets:
             plm_tag = "+".join(_plm_name(g) for g in plms)
             for eps in epsilons:
@@ -105,7 +109,9 @@ def cells(bench: BenchConfig) -> list[dict]:
                     if eps is not None:
                         raw = _merge(raw, {"privacy": {"epsilon": eps}})
                     if not private_votes:
-                        raw.pop("federated", None)  # no private votes: nothing to federate
+                        # nothing to federate: a method without votes has no federated mode, and its DP
+                        # label proportions (if any) are then released centrally
+                        raw.pop("federated", None)
                     name = f"{v.name}-{plm_tag if alone else 'all'}-eps{eps}-seed{seed}"
                     out.append({"name": name, "variant": v.name, "method": v.method, "plms": plm_tag,
                                 "epsilon": eps, "seed": seed, "config": raw})
