@@ -48,6 +48,24 @@ def test_loader_formats(tmp_path: Path) -> None:
         assert data.texts == ["a b c", "d e f"] and data.labels == ["spam", "ham"]
 
 
+def test_loader_keeps_every_value_the_user_wrote(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """pandas' default NA strings are texts and labels (issue 33): `NA`, `None`, `null`, `nan` are kept;
+    only empty cells are dropped, and the user is told how many and why on the terminal."""
+    data = load_labelled(_csv(tmp_path, "text,label\nNA,ham\nNone,spam\nnull,NA\nnan,ham\n,ham\nhello,\n"))
+    assert data.texts == ["NA", "None", "null", "nan"] and data.labels == ["ham", "spam", "NA", "ham"]
+    err = capsys.readouterr().err
+    assert "kept 4 of 6 rows; dropped 1 with an empty 'text' and 1 with an empty 'label'" in err
+    import pandas as pd
+
+    pd.DataFrame({"text": ["None", None], "label": ["NA", "ham"]}).to_json(tmp_path / "n.jsonl", orient="records",
+                                                                           lines=True)
+    data = load_labelled(tmp_path / "n.jsonl")
+    assert data.texts == ["None"] and data.labels == ["NA"]
+    assert "dropped 1 with an empty 'text'" in capsys.readouterr().err  # a JSON null is missing
+    load_labelled(_csv(tmp_path, "text,label\nhello,ham\n"))
+    assert capsys.readouterr().err == "", "nothing dropped: nothing said"
+
+
 def check_data(cfg) -> None:
     """The data holder's checks, as a run makes them before spending anything."""
     from dpsynth.data.public import task_for
@@ -259,3 +277,24 @@ def test_secagg_clipping_reserve_is_charged_as_one_plus_e_to_the_epsilon() -> No
         assert acc + (1 + math.exp(eps)) * clip == pytest.approx(1e-5)  # the run is exactly (eps, delta)
     assert clip_delta(FederatedConfig(parties=10, aggregation="plain"), 1e-5, 4.0) == 0.0
     assert clip_delta(fed, 1e-5, math.inf) == 0.0
+
+
+@pytest.mark.parametrize("case", ["output below a file", "output name too long", "cache is a file"])
+def test_file_system_conditions_are_one_line_errors(case: str, tmp_path: Path) -> None:
+    """Issue 33: file-system conditions give one line naming the path and the fix, exit 2, no traceback."""
+    import os
+
+    rows = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(20))
+    cfg = _config(tmp_path, rows)
+    (tmp_path / "a-file").write_text("x")
+    out, env, needle = tmp_path / "r", dict(os.environ), ""
+    if case == "output below a file":
+        out, needle = tmp_path / "a-file" / "run", "part of this path is a file"
+    elif case == "output name too long":
+        out, needle = tmp_path / ("x" * 300), "too long"
+    else:
+        env["DPSYNTH_CACHE"] = str(tmp_path / "a-file")
+        needle = "a-file"
+    proc = subprocess.run([sys.executable, "-m", "dpsynth", "run", str(_write_config(tmp_path, cfg)), "-o", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    _one_line_error(proc, needle)

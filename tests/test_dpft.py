@@ -127,3 +127,22 @@ def test_canary_is_not_reproduced_by_a_dp_adapter(epsilon: float, may_leak: bool
         assert leaks >= 3, f"the non-DP adapter should reproduce the canary (found {leaks} in {len(texts)})"
     else:
         assert len(texts) >= 1000 and leaks == 0, f"the DP adapter reproduced the canary {leaks} times"
+
+
+@pytest.mark.slow
+def test_training_is_reproducible_under_a_seed(tmp_path: Path) -> None:
+    """Issue 33: two trainings with the same secret seed and public init seed write the same adapter (the
+    LoRA start was drawn from torch's unseeded global stream); another init seed gives another adapter."""
+    from dpsynth.finetune.request import AdapterTraining
+    from dpsynth.llm.local_models import resolve_local_model
+    from dpsynth.private.training import train_on_records
+
+    model = str(resolve_local_model("smollm2-135m-instruct")[0])
+    request = AdapterTraining(model=model, lora_r=2, lora_alpha=4, steps=2, sampling_rate=1.0, clip_norm=1.0,
+                              learning_rate=1e-3, max_length=24, prompts={"a": "review (a):\n"}, init_seed=3)
+    texts, labels = ["a warm and funny film", "a dull film"], ["a", "a"]
+    runs = [train_on_records(request, texts, labels, noise_multiplier=1.0, seed=7, work_dir=None) for _ in range(2)]
+    assert (runs[0] == runs[1]).all()
+    other = train_on_records(request.model_copy(update={"init_seed": 4}), texts, labels, noise_multiplier=1.0,
+                             seed=7, work_dir=None)
+    assert not (other == runs[0]).all()

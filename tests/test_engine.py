@@ -59,8 +59,9 @@ def _budget_epsilon(config_path: Path) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-# fine-tune real weights: end to end in tests/test_dpft.py and (in a real federation) tests/test_fedgen.py
-NEEDS_A_MODEL_FILE = ("dpft", "fedgen")
+# fine-tune real weights: end to end in tests/test_dpft.py, tests/test_popri.py and (in a real federation)
+# tests/test_fedgen.py
+NEEDS_A_MODEL_FILE = ("dpft", "fedgen", "popri")
 
 
 @pytest.mark.parametrize("method,labels", [(m, "dp") for m in method_names() if m not in NEEDS_A_MODEL_FILE]

@@ -13,7 +13,8 @@ import pytest
 from dpsynth.errors import DpsynthError
 from dpsynth.federated.flower_secagg import FederationError, FederationSettings, VoteRound, run_federation
 from dpsynth.federated.party import PartyShard, noisy_votes
-from dpsynth.federated.party_ledger import PartyLedger, vote_sensitivity
+from dpsynth.federated.party_ledger import PartyLedger
+from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.flower_app import party_ledger
 from dpsynth.privacy.accountant import Adjacency, epsilon_pld
 from dpsynth.privacy.events import GaussianEvent, SubsampledGaussianEvent

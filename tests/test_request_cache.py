@@ -175,3 +175,25 @@ def test_a_claim_binds_only_while_its_process_lives_and_renews_it(tmp_path: Path
         gen.generate([request])
     key = request.cache_key(gen.model_id)
     assert RequestCache(tmp_path / "cache.sqlite").claim([key])[0] == {key}, "another owner may take it"
+
+
+def test_caches_holding_synthetic_text_are_owner_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One file-mode policy (issue 33): the request cache (every synthetic text verbatim) and the synthetic
+    embedding cache are 0600 like synthetic.jsonl, whatever the umask; an empty DPSYNTH_CACHE is unset."""
+    import os
+    import stat
+
+    from dpsynth.embed.sentence import CachedEmbedder
+    from dpsynth.fs import cache_dir
+
+    old = os.umask(0o022)
+    try:
+        RequestCache(tmp_path / "c" / "requests.sqlite")
+        CachedEmbedder(type("E", (), {"name": "e"})(), tmp_path / "run" / "cache" / "embeddings.sqlite")
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "c" / "requests.sqlite", tmp_path / "run" / "cache" / "embeddings.sqlite"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert stat.S_IMODE((tmp_path / "run" / "cache").stat().st_mode) == 0o700
+    monkeypatch.setenv("DPSYNTH_CACHE", "")
+    assert cache_dir() == Path.home() / ".cache" / "dpsynth"

@@ -13,9 +13,12 @@ from dpsynth.privacy.sensitivity import (
     knn_votes_sensitivity,
     pe_top1_sensitivity,
     rank_votes_sensitivity,
+    vote_sensitivity,
     wasp_topq_sensitivity,
 )
 from dpsynth.voting.rank_votes import decaying_weights, rank_votes, wasp_votes
+from dpsynth.voting.scores import embedding_sums, popri_scores
+from dpsynth.voting.spec import VoteSpec
 
 
 def _add_remove_max(vote_fn, private: np.ndarray, labels: np.ndarray, group: int = 1) -> float:
@@ -152,3 +155,33 @@ def test_histograms() -> None:
 def test_decaying_weights_are_powers_not_xor() -> None:
     assert decaying_weights(4) == [1.0, 0.5, 0.25, 0.125]
     assert sum(decaying_weights(8)) == pytest.approx(2 - 2**-7)
+
+
+def test_popri_scores_add_remove_and_replace() -> None:
+    """POPri's standardised, unit-norm score vectors: 1 under add/remove (attained), 2 under replacement (a
+    record replaced by its mirror image flips its vector), k with k records of one person."""
+    rng = np.random.default_rng(6)
+    priv, pl, syn, sl = _data(rng, 10, 24)
+    scores = lambda p, l: popri_scores(p, l, syn, sl)  # noqa: E731
+    spec = VoteSpec(kind="popri")
+    assert _add_remove_max(scores, priv, pl) == pytest.approx(vote_sensitivity(spec))
+    pool = np.vstack([-priv, priv * 3])
+    measured = _replace_max(scores, priv, pl, pool, np.concatenate([pl, 1 - pl]))
+    assert measured <= vote_sensitivity(spec, Adjacency.REPLACE) + 1e-9
+    assert measured > 1.9  # near the bound of 2: the mirrored record's vector is the negation
+    twice, twice_labels = np.repeat(priv, 3, axis=0), np.repeat(pl, 3)
+    assert _add_remove_max(scores, twice, twice_labels, group=3) == pytest.approx(
+        vote_sensitivity(spec, max_records_per_user=3))
+    # every record's vector sums to zero within its label (it is centred)
+    assert scores(priv[:1], pl[:1])[sl == pl[0]].sum() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_embedding_sums_add_remove_and_replace() -> None:
+    rng = np.random.default_rng(7)
+    priv, pl, _, _ = _data(rng, 10, 1, labels=3)
+    sums = lambda p, l: embedding_sums(p, l, 3)  # noqa: E731
+    spec = VoteSpec(kind="embedding_sums")
+    assert _add_remove_max(sums, priv, pl) == pytest.approx(vote_sensitivity(spec))
+    measured = _replace_max(sums, priv, pl, -priv, pl)
+    assert measured == pytest.approx(vote_sensitivity(spec, Adjacency.REPLACE))
+    assert len(sums(priv, pl)) == spec.length(3, priv.shape[1])

@@ -17,8 +17,31 @@ from dpsynth.errors import DpsynthError
 
 
 def cache_dir() -> Path:
-    """Where fetched assets and the request cache live: $DPSYNTH_CACHE or ~/.cache/dpsynth."""
-    return Path(os.environ.get("DPSYNTH_CACHE", Path.home() / ".cache" / "dpsynth"))
+    """Where fetched assets and the request cache live: $DPSYNTH_CACHE (when set and not empty) or
+    ~/.cache/dpsynth. An empty value is unset: it must not put the cache in the working directory."""
+    value = os.environ.get("DPSYNTH_CACHE", "").strip()
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "dpsynth"
+
+
+# The file-mode policy: everything dpsynth writes that is derived from a run (its directory, synthetic text,
+# releases, logs) and every cache holding synthetic text is readable by its owner only: files 0600 (as
+# `tempfile.mkstemp` creates the atomic writes), folders 0700. SQLite gives its -wal and -shm files the
+# database file's mode, so creating the database file 0600 covers them.
+FILE_MODE, DIR_MODE = 0o600, 0o700
+
+
+def make_dir(path: Path) -> None:
+    """Create a folder (and missing parents) readable by the owner only; an existing folder is left as it is."""
+    Path(path).mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+
+
+def create_owner_only(path: Path) -> Path:
+    """Make sure `path` exists as a file readable by the owner only (for files opened by other libraries:
+    SQLite databases, log files); an existing file keeps its content."""
+    path = Path(path)
+    make_dir(path.parent)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, FILE_MODE))
+    return path
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -28,7 +51,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -75,6 +98,11 @@ class RunDir:
     def releases(self) -> Path:
         """One file per DP release (event + noisy result), written the moment it is released."""
         return self.checkpoints / "releases"
+
+    @property
+    def method_files(self) -> Path:
+        """Files a method derives from public data and noisy releases only (e.g. a preference-tuned adapter)."""
+        return self.checkpoints / "method"
 
     @property
     def synthetic_embeddings(self) -> Path:
@@ -124,8 +152,8 @@ def lock_run_dir(run_dir: RunDir) -> IO[str] | None:
         import fcntl
     except ImportError:
         return None
-    run_dir.root.mkdir(parents=True, exist_ok=True)
-    handle = open(run_dir.lock, "a+", encoding="utf-8")  # noqa: SIM115 - held open: the lock lives with it
+    make_dir(run_dir.root)
+    handle = open(create_owner_only(run_dir.lock), "a+", encoding="utf-8")  # noqa: SIM115 - held open: the lock lives with it
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

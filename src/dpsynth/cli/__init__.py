@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 
@@ -60,3 +61,33 @@ def app() -> None:
     except DpsynthError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)
+    except OSError as err:
+        message = file_system_message(err)
+        if message is None:
+            raise
+        typer.echo(f"error: {message}", err=True)
+        sys.exit(2)
+
+
+_FIXES = {
+    errno.EACCES: "dpsynth may not write there: choose a folder you can write to (-o for a run, DPSYNTH_CACHE for "
+                  "the cache) or fix its permissions",
+    errno.EPERM: "dpsynth may not write there: choose a folder you can write to (-o, DPSYNTH_CACHE)",
+    errno.EROFS: "the file system is read-only: choose a writable folder (-o for a run, DPSYNTH_CACHE for the cache)",
+    errno.ENOTDIR: "part of this path is a file, not a folder: choose another path",
+    errno.EISDIR: "this path is a folder where dpsynth needs a file: choose another path",
+    errno.EEXIST: "a file is in the way of a folder dpsynth needs: move it or choose another path",
+    errno.ENAMETOOLONG: "a name in this path is too long for the file system: choose a shorter one",
+    errno.ENOSPC: "the disk is full: free some space, then resume the run (`dpsynth run --resume DIR`)",
+    errno.EDQUOT: "the disk quota is used up: free some space, then resume the run (`dpsynth run --resume DIR`)",
+}
+
+
+def file_system_message(err: OSError) -> str | None:
+    """One line for a file-system condition the user can fix (permissions, read-only mounts, a file in the
+    way, names too long, a full disk), naming the path; None for anything else (a bug stays a traceback)."""
+    fix = _FIXES.get(err.errno or -1)
+    if fix is None:
+        return None
+    where = err.filename if err.filename is not None else "a file dpsynth writes"
+    return f"{where}: {err.strerror or type(err).__name__}; {fix}"

@@ -1,7 +1,14 @@
-"""Read a user's labelled texts from CSV, JSONL or Parquet, with one-line errors."""
+"""Read a user's labelled texts from CSV, JSONL or Parquet, with one-line errors.
+
+Every value the user wrote is kept: pandas' default NA strings (`NA`, `None`, `null`, `nan`, ...) are
+texts and labels like any other, and only a cell that is really empty (or a JSON null / Parquet null)
+is missing. Rows without a text or a label are dropped, and the user is told on the terminal how many
+and why; the count never goes into a run's files (it is a count of private records).
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -35,20 +42,32 @@ def load_labelled(path: str | Path, text_column: str = "text", label_column: str
                 f"{path}: {role} column '{column}' not found; columns are: {', '.join(map(str, frame.columns))} "
                 f"(set {role}_column in the config)"
             )
-    frame = frame[[text_column, label_column]].dropna()
-    if frame.empty:
-        raise DpsynthError(f"{path}: no rows with both '{text_column}' and '{label_column}'")
-    texts = [str(t).strip() for t in frame[text_column]]
-    labels = [str(label).strip() for label in frame[label_column]]
-    keep = [i for i, t in enumerate(texts) if t]
+    texts = [_cell(t) for t in frame[text_column]]
+    labels = [_cell(y) for y in frame[label_column]]
+    keep = [i for i, (t, y) in enumerate(zip(texts, labels)) if t and y]
+    if not keep:
+        raise DpsynthError(f"{path}: no rows with both a '{text_column}' and a '{label_column}' value")
+    if len(keep) < len(texts):
+        no_text = sum(1 for t in texts if not t)
+        no_label = sum(1 for t, y in zip(texts, labels) if t and not y)
+        print(f"dpsynth: {path}: kept {len(keep)} of {len(texts)} rows; dropped {no_text} with an empty "
+              f"'{text_column}' and {no_label} with an empty '{label_column}' (this count is shown here only)",
+              file=sys.stderr)
     return LabelledTexts([texts[i] for i in keep], [labels[i] for i in keep])
+
+
+def _cell(value: object) -> str:
+    """A cell as text; a missing value (JSON/Parquet null, float NaN) is the empty string."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return str(value).strip()
 
 
 def _read(path: Path, kind: str) -> pd.DataFrame:
     if kind == "csv":
-        return pd.read_csv(path, encoding="utf-8", dtype=str)
+        return pd.read_csv(path, encoding="utf-8", dtype=str, keep_default_na=False)
     if kind == "tsv":
-        return pd.read_csv(path, sep="\t", encoding="utf-8", dtype=str)
+        return pd.read_csv(path, sep="\t", encoding="utf-8", dtype=str, keep_default_na=False)
     if kind == "jsonl":
         return pd.read_json(path, lines=True, encoding="utf-8", dtype=False)
     return pd.read_parquet(path)

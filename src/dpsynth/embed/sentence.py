@@ -18,6 +18,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from dpsynth.errors import DpsynthError
+from dpsynth.fs import create_owner_only
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 
@@ -66,7 +67,7 @@ class CachedEmbedder:
     def __init__(self, inner: Embedder, path: Path) -> None:
         self.inner = inner
         self.name = inner.name
-        path.parent.mkdir(parents=True, exist_ok=True)
+        create_owner_only(path)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
 

@@ -142,7 +142,7 @@ class FederatedHolder(ReleasingHolder):
                labels: np.ndarray) -> np.ndarray:
         if self.aggregator is None:
             raise AssertionError("federated holder used outside a running federation")
-        n_out = spec.length(len(candidates))
+        n_out = spec.length(len(candidates), candidates.shape[1] if candidates.ndim == 2 else 1)
         secure = self.config.aggregation == "secagg+"
         parties = self._parties(release)
         party_sigma = self.party_sigma(sigma, parties)

@@ -25,21 +25,12 @@ from dpsynth.errors import DpsynthError
 from dpsynth.privacy.accountant import Adjacency
 from dpsynth.privacy.events import GaussianEvent, PrivacyEvent, SubsampledGaussianEvent
 from dpsynth.privacy.ledger import Assumptions, PrivacyLedger
-from dpsynth.privacy.sensitivity import histogram_sensitivity, rank_votes_sensitivity, wasp_topq_sensitivity
+from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.voting.spec import VoteSpec
 
 
 TRUST_MODEL = ("this party's own ledger: votes and profiles count the noise of the min_parties shares the "
                "SecAgg+ sum promises (honest parties, a protocol-following server); training is local DP-SGD")
-
-
-def vote_sensitivity(spec: VoteSpec, adjacency: Adjacency) -> float:
-    """L2 sensitivity of one party's vote vector for `spec`, one record per person (the party's unit)."""
-    if spec.kind == "wasp":
-        return wasp_topq_sensitivity(spec.q, adjacency)
-    if spec.kind == "label_counts":
-        return histogram_sensitivity(adjacency)
-    return rank_votes_sensitivity(spec.weights, adjacency)
 
 
 class PartyLedger:

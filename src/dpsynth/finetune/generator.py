@@ -4,7 +4,8 @@ Sampling (left-padded batches, per-batch seeds from the requests' seeds) is the 
 backend's; only the weights differ. The adapter is merged into the base weights once, so
 generation costs the same as the base model. Prompts are completion prompts (the control
 prompt of `dpsynth.finetune.examples`), whatever chat template the base model has: the adapter
-was trained on completions.
+was trained on completions. A preference-tuned adapter (method popri) was trained on the chat prompts
+the base model's template makes, so it is built with `chat=True`.
 
 The model id names the adapter by its content hash (and the LoRA scaling, which changes the
 merged weights for the same vector), so the persistent request cache never serves one
@@ -31,9 +32,10 @@ class AdapterGenerator(TransformersGenerator):
         alpha: int,
         name: str | None = None,
         batch_size: int = 8,
+        chat: bool = False,
     ) -> None:
         gguf_path = Path(gguf_path)
-        super().__init__(str(gguf_path), name=name or f"dpft-{gguf_path.stem}", chat=False, batch_size=batch_size)
+        super().__init__(str(gguf_path), name=name or f"dpft-{gguf_path.stem}", chat=chat, batch_size=batch_size)
         with_lora = add_lora(self._model, r, alpha)
         load_adapter_vector(with_lora, adapter)
         self._model = with_lora.merge_and_unload().eval()

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from dpsynth.fs import create_owner_only
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import (
     GenerationRequest,
@@ -72,8 +73,7 @@ def _is_locked(err: sqlite3.OperationalError) -> bool:
 
 class RequestCache:
     def __init__(self, path: Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = create_owner_only(Path(path))  # every synthetic text verbatim: owner only, like synthetic.jsonl
         self._path = path
         self._lock = threading.Lock()
         self._db = self._retry(

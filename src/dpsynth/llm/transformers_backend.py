@@ -91,7 +91,9 @@ class TransformersGenerator:
     def chat(self) -> bool:
         return self._chat
 
-    def _text(self, request: GenerationRequest) -> str:
+    def prompt_text(self, request: GenerationRequest) -> str:
+        """The exact text the model is given for a request (chat template applied): what preference training
+        must condition on to train the distribution this generator samples from."""
         if request.messages is None:
             return request.prompt or ""
         if not self._chat:
@@ -109,7 +111,7 @@ class TransformersGenerator:
         results: list[GenerationResult] = []
         for start, batch in _batches(requests, self._batch_size):
             first = batch[0]
-            enc = self._tok([self._text(r) for r in batch], return_tensors="pt", padding=True)
+            enc = self._tok([self.prompt_text(r) for r in batch], return_tensors="pt", padding=True)
             seed = int.from_bytes(hashlib.sha256(str([r.seed for r in batch]).encode()).digest()[:4], "big")
             torch.manual_seed(seed)
             prompt_len = enc["input_ids"].shape[1]

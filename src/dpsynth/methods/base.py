@@ -19,6 +19,7 @@ carries no private record (a test walks it to check).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Generic, Optional, TypeVar
@@ -87,6 +88,7 @@ class StepContext:
     embed: Callable[[list[str]], np.ndarray]  # synthetic texts only (cached on disk)
     progress: Progress | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    files: Path | None = None  # the method's own files (post-processing of releases only), kept with checkpoints
 
     def add_time(self, key: str, since: float) -> None:
         self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - since

@@ -116,7 +116,7 @@ class Dpft(Method[DpftOptions, DpftState]):
         return AdapterTraining(
             model=str(local_gguf_path(self.config)), lora_r=o.lora_r, lora_alpha=o.lora_alpha, steps=o.steps,
             sampling_rate=o.sampling_rate, clip_norm=o.clip_norm, learning_rate=o.learning_rate,
-            max_length=o.max_length, threads=self.config.generators[0].threads,
+            max_length=o.max_length, threads=self.config.generators[0].threads, init_seed=self.config.seed,
             prompts={c: control_prompt(task.text_kind, c, task.labels[c]) for c in task.label_names})
 
     def step(self, ctx: StepContext, state: DpftState, t: int) -> dict:

@@ -13,10 +13,13 @@ the sum by at most sqrt(|v|^2 + |v'|^2) = sqrt(2)|v| (disjoint supports), not
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from dpsynth.privacy.accountant import Adjacency
 from dpsynth.voting.rank_votes import decaying_weights
+
+if TYPE_CHECKING:
+    from dpsynth.voting.spec import VoteSpec
 
 
 def _scale(per_unit_l2: float, adjacency: Adjacency, max_records_per_user: int) -> float:
@@ -81,6 +84,29 @@ def rank_votes_sensitivity(
     if not weights or any(w < 0 for w in weights):
         raise ValueError("rank weights must be a non-empty sequence of non-negative numbers")
     return _scale(math.sqrt(sum(w * w for w in weights)), adjacency, max_records_per_user)
+
+
+def signed_unit_sensitivity(adjacency: Adjacency = Adjacency.ADD_REMOVE, *, max_records_per_user: int = 1) -> float:
+    """Each record adds a signed vector of L2 norm <= 1 (POPri's standardised scores, per-label sums of unit
+    embeddings). Add/remove: 1. Replacement: 2, since signed vectors can point in opposite directions (the
+    sqrt(2) of non-negative votes does not hold)."""
+    if max_records_per_user < 1:
+        raise ValueError("max_records_per_user must be >= 1")
+    return max_records_per_user * (2.0 if adjacency is Adjacency.REPLACE else 1.0)
+
+
+def vote_sensitivity(spec: "VoteSpec", adjacency: Adjacency = Adjacency.ADD_REMOVE, *,
+                     max_records_per_user: int = 1, candidates_per_label: int | None = None) -> float:
+    """L2 sensitivity of the vote vector a `VoteSpec` asks for: the one derivation the central methods and the
+    federated parties' own ledgers share."""
+    if spec.kind == "wasp":
+        return wasp_topq_sensitivity(spec.q, adjacency, max_records_per_user=max_records_per_user,
+                                     candidates_per_label=candidates_per_label)
+    if spec.kind == "label_counts":
+        return histogram_sensitivity(adjacency, max_records_per_user=max_records_per_user)
+    if spec.kind in ("popri", "embedding_sums"):
+        return signed_unit_sensitivity(adjacency, max_records_per_user=max_records_per_user)
+    return rank_votes_sensitivity(spec.weights, adjacency, max_records_per_user=max_records_per_user)
 
 
 def histogram_sensitivity(

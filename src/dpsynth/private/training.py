@@ -22,12 +22,14 @@ def train_on_records(request: AdapterTraining, texts: list[str], labels: list[st
                      seed: int, work_dir: Path | None,
                      on_step: Callable[[int, float], None] | None = None) -> np.ndarray:
     """The LoRA adapter of `request.model` trained with DP-Adam on (control prompt of label, text)."""
-    if request.threads is not None:
-        import torch
+    import torch
 
+    if request.threads is not None:
         torch.set_num_threads(request.threads)
     model, tokenizer = load_base(Path(request.model))
-    model = add_lora(model, request.lora_r, request.lora_alpha)
+    with torch.random.fork_rng(devices=[]):  # the LoRA start from the request's public seed: reproducible
+        torch.manual_seed(request.init_seed)
+        model = add_lora(model, request.lora_r, request.lora_alpha)
     settings = TrainSettings(steps=request.steps, sampling_rate=request.sampling_rate,
                              noise_multiplier=noise_multiplier, clip_norm=request.clip_norm,
                              learning_rate=request.learning_rate, max_length=request.max_length, seed=seed,

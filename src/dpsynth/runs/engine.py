@@ -22,7 +22,7 @@ from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir, atomic_write_text, lock_run_dir
+from dpsynth.fs import RunDir, atomic_write_text, create_owner_only, lock_run_dir
 from dpsynth.llm.base import Usage
 from dpsynth.methods.base import MethodState, StepContext
 from dpsynth.methods.resample import RESAMPLE, RESAMPLE_SIGMA, resample_stage
@@ -177,7 +177,8 @@ class Run:
                   else label_shares(cfg, task, holder, self.method.label_release()))
         synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
         ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
-                          holder=HolderRequests(holder), embed=synth.encode, progress=self.progress, timings=timings)
+                          holder=HolderRequests(holder), embed=synth.encode, progress=self.progress, timings=timings,
+                          files=self.dir.method_files)
         ctx.add_time("load_models", t0)
         return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg))
 
@@ -261,8 +262,7 @@ class Run:
         return {"iteration": t, "resample": stats}
 
     def _setup_logging(self) -> None:
-        self.dir.root.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(self.dir.log, encoding="utf-8")
+        handler = logging.FileHandler(create_owner_only(self.dir.log), encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.handlers[:] = [handler]
         log.setLevel(logging.INFO)

@@ -13,25 +13,31 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpsynth.voting.rank_votes import rank_votes, wasp_votes
+from dpsynth.voting.scores import embedding_sums, popri_scores
 
 
 class VoteSpec(BaseModel):
-    """WASP Top-Q near+far votes (length 2N), rank-weighted nearest votes (length N), or label counts
-    (each record votes for its own label's entry: the candidates are one placeholder per label)."""
+    """WASP Top-Q near+far votes (length 2N), rank-weighted nearest votes (length N), label counts
+    (each record votes for its own label's entry: the candidates are one placeholder per label),
+    POPri scores (length N; `voting.scores.popri_scores`), or per-label sums of the records' unit
+    embeddings (the candidates are one placeholder row per label of the embedding's width; length
+    labels x width)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: Literal["wasp", "rank", "label_counts"]
+    kind: Literal["wasp", "rank", "label_counts", "popri", "embedding_sums"]
     q: int = Field(8, ge=1, description="WASP: votes per private sample on each side")
     weights: tuple[float, ...] = Field((1.0,), description="rank: weight of the r-th nearest candidate")
     sampling_rate: float = Field(1.0, gt=0, le=1, description="Poisson subsampling: each record votes with this "
                                  "probability, drawn by the data holder from its secret noise stream")
 
-    def length(self, candidates: int) -> int:
+    def length(self, candidates: int, width: int = 1) -> int:
+        if self.kind == "embedding_sums":
+            return candidates * width
         return 2 * candidates if self.kind == "wasp" else candidates
 
     def max_bin_vote(self) -> float:
         """Largest vote one private record can give one candidate (bounds a party's bin by its records)."""
-        return max(self.weights) if self.kind == "rank" else 1.0
+        return max(self.weights) if self.kind == "rank" else 1.0  # popri, embedding_sums: |entry| <= 1
 
 
 def compute_votes(
@@ -47,5 +53,9 @@ def compute_votes(
     if spec.kind == "label_counts":
         return np.bincount(np.asarray(private_labels, dtype=np.int64), minlength=len(synthetic_labels)).astype(
             np.float64)
+    if spec.kind == "popri":
+        return popri_scores(private, private_labels, synthetic, synthetic_labels)
+    if spec.kind == "embedding_sums":
+        return embedding_sums(private, private_labels, len(synthetic_labels))
     (votes,) = rank_votes(private, private_labels, synthetic, synthetic_labels, spec.weights)
     return votes

@@ -1,0 +1,295 @@
+"""POPri on the engine (Hou et al., ICML 2025, "Private Federated Learning using Preference-Optimized
+Synthetic Data", arXiv 2504.16438; code meiyuw/POPri): the generator learns from DP scores.
+
+for round t in 0..R-1:
+    the PLM with the current LoRA adapter writes `prompts` x J candidates (zero-shot prompts of each
+        label, label mix from the run's label proportions); per label they are cut into groups of J
+    every candidate gets a score:
+        scoring=votes     the data holder's POPri score release for this round (each record: cosine
+                          similarities to its label's candidates, centred, scaled to unit norm; summed;
+                          Gaussian noise; L2 sensitivity 1), one release per round
+        scoring=centroid  cosine to the noisy sum of its label's unit embeddings, released once in
+                          round 0 (sensitivity 1) and reused at no further cost
+        scoring=public    cosine to the embedding of the public label description: no private data
+                          (the control that a gain does not come from the DPO procedure alone)
+    per group: chosen = rank `chosen_rank`, rejected = rank `rejected_rank` by score (POPri: 1 and 5 of 10)
+    one epoch of DPO on the pairs (reference: the adapter switched off), or SFT on the chosen (control)
+final: N samples from the tuned adapter, zero-shot prompts.
+
+Everything after the holder's release is post-processing: the adapter is saved in the run's method
+files after every round (with its hash in the state), so a resumed run continues from the last finished
+round, and a round's score release, saved when drawn, is never drawn twice. Deviations from the paper
+are listed in docs/popri.md (per-label scoring, LoRA with a small model on CPU, zero-shot instead of
+few-shot prompts, one PLM per run).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, PositiveInt
+
+from dpsynth.config import RunConfig, records_per_unit
+from dpsynth.errors import DpsynthError
+from dpsynth.fs import atomic_write_bytes
+from dpsynth.llm.cache import CachedGenerator
+from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
+from dpsynth.methods.dpft import LOCAL_KINDS, local_gguf_path
+from dpsynth.methods.generation import SyntheticSample, generate_samples, plan_counts, zero_shot_requests
+from dpsynth.methods.registry import register
+from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
+from dpsynth.privacy.sensitivity import vote_sensitivity
+from dpsynth.voting.scores import centroid_scores
+from dpsynth.voting.spec import VoteSpec
+
+SCORE_SIGMA = "score_sigma"
+SCORES = VoteSpec(kind="popri")
+SUMS = VoteSpec(kind="embedding_sums")
+
+
+class PopriOptions(SamplingOptions):
+    """The `popri:` section: R rounds of DP-scored preference training of a LoRA adapter, then N samples."""
+
+    n: PositiveInt = Field(240, description="final samples from the tuned adapter")
+    rounds: PositiveInt = Field(3, description="R: sample, score, train")
+    prompts: PositiveInt = Field(32, description="preference pairs per round (groups of J candidates)")
+    j: int = Field(8, ge=2, description="candidates per group (POPri: 10)")
+    chosen_rank: PositiveInt = Field(1, description="rank of the chosen text in its group (1 = best score)")
+    rejected_rank: PositiveInt = Field(5, description="rank of the rejected text (POPri: 5 of 10)")
+    scoring: Literal["votes", "centroid", "public"] = "votes"
+    objective: Literal["dpo", "sft"] = "dpo"
+    beta: float = Field(0.1, gt=0, description="DPO's beta")
+    learning_rate: float = Field(5e-5, gt=0)
+    batch_size: PositiveInt = 8
+    epochs: PositiveInt = Field(1, description="epochs over each round's pairs (POPri: 1)")
+    lora_r: PositiveInt = 8
+    lora_alpha: PositiveInt = 16
+    max_length: int = Field(128, ge=16, description="tokens per training sequence (prompt + text)")
+
+
+class PopriState(MethodState):
+    adapter: str | None = None  # hash of the adapter after the last finished round (the file is in method files)
+    samples: list[SyntheticSample] = []
+
+
+@register
+class Popri(Method[PopriOptions, PopriState]):
+    name = "popri"
+    Options = PopriOptions
+    State = PopriState
+    one_generator_per_run = True
+    summary = "POPri: DPO on a LoRA adapter from DP similarity scores of its samples, then sampling (ICML 2025)"
+
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(config)
+        self._policy: tuple[Any, Any] | None = None  # (peft model, tokenizer), loaded at the first round
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        super().check_config(config)
+        o = config.options(cls.name)
+        if config.federated is not None:
+            raise ValueError("popri has no federated mode in dpsynth yet (the paper's setting; see docs/popri.md)")
+        if config.generators[0].kind not in LOCAL_KINDS:
+            raise ValueError(f"popri trains a LoRA adapter of a local GGUF model: generators[0].kind must be one "
+                             f"of {LOCAL_KINDS}")
+        if not o.chosen_rank < o.rejected_rank <= o.j:
+            raise ValueError(f"popri needs chosen_rank < rejected_rank <= j (got {o.chosen_rank}, "
+                             f"{o.rejected_rank}, {o.j})")
+
+    def check_task(self, task) -> None:
+        local_gguf_path(self.config)
+
+    def iterations(self) -> int:
+        return self.options.rounds + 1
+
+    def schedule(self) -> Schedule:
+        o = self.options
+        if o.scoring == "public":
+            return Schedule((), ())
+        spec = SCORES if o.scoring == "votes" else SUMS
+        sens = vote_sensitivity(spec, self.config.privacy.adjacency, max_records_per_user=records_per_unit(self.config))
+        if o.scoring == "votes":
+            releases = gaussian_releases("popri.scores", list(range(o.rounds)), SCORE_SIGMA, sens)
+            note = f"POPri scores: {o.rounds} Gaussian releases of {o.prompts} x {o.j} candidate scores"
+        else:
+            releases = gaussian_releases("popri.centroids", [None], SCORE_SIGMA, sens)
+            note = "one Gaussian release of the per-label sums of unit embeddings; every round scores from it"
+        return Schedule(releases, (Knob(SCORE_SIGMA, guess=1.0, description="Gaussian noise on the scores"),),
+                        (note,))
+
+    def step(self, ctx: StepContext, state: PopriState, t: int) -> dict:
+        o = self.options
+        adapter = self._adapter(ctx, state)
+        generator, inner = self._generator(ctx, adapter)
+        if t == o.rounds:
+            state.samples, stats = self._sample(ctx, generator, t, o.n, "popri-final")
+            return {"iteration": t, "generated": stats, "adapter": state.adapter}
+        candidates, stats = self._sample(ctx, generator, t, o.prompts * o.j, "popri-candidates")
+        scores, score_info = self._scores(ctx, candidates, t)
+        pairs = preference_pairs(candidates, scores, o.j, o.chosen_rank, o.rejected_rank)
+        trained = self._train(ctx, inner, [(candidates[c], candidates[r]) for c, r in pairs], t)
+        state.adapter = self._save_adapter(ctx)
+        return {"iteration": t, "generated": stats, "pairs": len(pairs), "training": trained,
+                "scores": score_info, "adapter": state.adapter}
+
+    def final_samples(self, state: PopriState) -> list[SyntheticSample]:
+        return list(state.samples)
+
+    # -- the parts of a round ------------------------------------------------------------------------------
+
+    def _sample(self, ctx: StepContext, generator: CachedGenerator, t: int, n: int,
+                tag: str) -> tuple[list[SyntheticSample], dict]:
+        settings = self.options.prompt_settings()
+        make = zero_shot_requests(ctx.task, settings, self.config.seed, tag, t)
+        t0 = time.perf_counter()
+        samples, stats = generate_samples(t, plans=plan_counts(n, {generator.name: 1.0}, ctx.label_shares),
+                                          generators={generator.name: generator}, existing=[], make_requests=make,
+                                          max_attempts=self.options.max_attempts,
+                                          on_progress=ctx.generation_progress(t))
+        ctx.add_time("generation", t0)
+        return samples, stats
+
+    def _scores(self, ctx: StepContext, candidates: list[SyntheticSample], t: int) -> tuple[np.ndarray, dict]:
+        """Scores of the candidates (noisy for votes and centroid), and what may be reported of them: the
+        spread of the scores within labels (post-processing; with the public sigma it gives the SNR)."""
+        o = self.options
+        emb = ctx.embed_synthetic(candidates)
+        labels = ctx.label_ids(candidates)
+        n_labels = len(ctx.task.label_names)
+        t0 = time.perf_counter()
+        info: dict = {}
+        if o.scoring == "votes":
+            scores = ctx.holder.noisy_votes(SCORES, emb, labels, release=self.release("scores", t))
+        elif o.scoring == "centroid":
+            placeholder = np.zeros((n_labels, emb.shape[1]))
+            sums = ctx.holder.noisy_votes(SUMS, placeholder, np.arange(n_labels), release=self.release("centroids"))
+            scores = centroid_scores(sums, emb, labels, n_labels)
+            info["sum_norms"] = [float(x) for x in np.linalg.norm(sums.reshape(n_labels, -1), axis=1)]
+        else:
+            names = ctx.task.label_names
+            public = ctx.embed([f"{ctx.task.text_kind} ({c}: {ctx.task.labels[c]})" for c in names])
+            scores = centroid_scores(public, emb, labels, n_labels)
+        ctx.add_time("voting", t0)
+        info["std_within_label"] = float(np.mean([scores[labels == c].std() for c in np.unique(labels)]))
+        return scores, info
+
+    def _train(self, ctx: StepContext, generator: Any, pairs: list[tuple[SyntheticSample, SyntheticSample]],
+               t: int) -> dict:
+        from dpsynth.finetune.preference import PreferencePair, PreferenceSettings, train_on_preferences
+        from dpsynth.llm.base import GenerationRequest
+        from dpsynth.methods.generation import request_seed
+        from dpsynth.prompts.builder import build_request
+
+        o = self.options
+        model, tokenizer = self._policy_model(ctx)
+        prompt_of: dict[str, str] = {}
+        for label in ctx.task.label_names:
+            request: GenerationRequest = build_request(ctx.task, label, chat=generator.chat,
+                                                       settings=o.prompt_settings())
+            prompt_of[label] = generator.prompt_text(request)
+        data = [PreferencePair(prompt_of[c.label], c.text, r.text) for c, r in pairs]
+        settings = PreferenceSettings(objective=o.objective, beta=o.beta, learning_rate=o.learning_rate,
+                                      batch_size=o.batch_size, epochs=o.epochs, max_length=o.max_length,
+                                      seed=request_seed(self.config.seed, "popri-train", t))
+        report = None
+        if ctx.progress is not None:
+            progress = ctx.progress
+
+            def report(batch: int, batches: int, loss: float) -> None:
+                progress(f"round {t}: {o.objective.upper()} loss {loss:.3f}", batch, batches)
+
+        t0 = time.perf_counter()
+        out = train_on_preferences(model, tokenizer, data, settings, on_batch=report)
+        ctx.add_time("training", t0)
+        return out
+
+    # -- the adapter: one in memory for training, one merged for sampling, the file for resuming -----------
+
+    def _policy_model(self, ctx: StepContext) -> tuple[Any, Any]:
+        if self._policy is None:
+            import torch
+
+            from dpsynth.finetune.model import add_lora, load_adapter_vector, load_base
+
+            o = self.options
+            model, tokenizer = load_base(local_gguf_path(self.config))
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.config.seed)
+                model = add_lora(model, o.lora_r, o.lora_alpha)
+            path = _adapter_file(ctx)
+            if path.exists():
+                load_adapter_vector(model, np.load(path))
+            self._policy = (model, tokenizer)
+        return self._policy
+
+    def _adapter(self, ctx: StepContext, state: PopriState) -> np.ndarray:
+        """The adapter the round starts from: the saved one after a finished round, else the LoRA start."""
+        from dpsynth.finetune.model import adapter_hash, adapter_vector
+
+        path = _adapter_file(ctx)
+        if state.adapter is None:
+            path.unlink(missing_ok=True)  # a round that crashed after saving but before its checkpoint
+            self._policy = None
+            return adapter_vector(self._policy_model(ctx)[0])
+        vec = np.load(path) if path.exists() else None
+        if vec is None or adapter_hash(vec) != state.adapter:
+            raise DpsynthError(f"{path}: the adapter of the last finished round is missing or changed; the run "
+                               "cannot resume")
+        if self._policy is not None and adapter_hash(adapter_vector(self._policy[0])) != state.adapter:
+            self._policy = None  # trained past the checkpoint (a round interrupted): reload the saved adapter
+        return vec
+
+    def _save_adapter(self, ctx: StepContext) -> str:
+        import io
+
+        from dpsynth.finetune.model import adapter_hash, adapter_vector
+
+        vec = adapter_vector(self._policy_model(ctx)[0])
+        buf = io.BytesIO()
+        np.save(buf, vec)
+        path = _adapter_file(ctx)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, buf.getvalue())
+        return adapter_hash(vec)
+
+    def _generator(self, ctx: StepContext, adapter: np.ndarray) -> tuple[CachedGenerator, Any]:
+        from dpsynth.finetune.generator import AdapterGenerator
+
+        (name, base), = ctx.generators.items()
+        threads = self.config.generators[0].threads
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        o = self.options
+        inner = AdapterGenerator(local_gguf_path(self.config), adapter.astype("float32"), r=o.lora_r,
+                                 alpha=o.lora_alpha, name=name, chat=True, batch_size=32)
+        return CachedGenerator(inner, base.cache, base.usage), inner
+
+
+def _adapter_file(ctx: StepContext) -> Path:
+    if ctx.files is None:
+        raise DpsynthError("popri needs the run's method-files directory to keep its adapter")
+    return ctx.files / "popri_adapter.npy"
+
+
+def preference_pairs(samples: list[SyntheticSample], scores: np.ndarray, j: int, chosen_rank: int,
+                     rejected_rank: int) -> list[tuple[int, int]]:
+    """(chosen, rejected) indices: per label, the samples in order are cut into groups of j (a last group
+    smaller than `rejected_rank` is dropped); in each group the ranks by score (1 = highest) name the pair.
+    All of a label's candidates answer the same prompt, so any group of them shares its prompt."""
+    pairs: list[tuple[int, int]] = []
+    labels = sorted({x.label for x in samples})
+    for label in labels:
+        idx = [i for i, x in enumerate(samples) if x.label == label]
+        for start in range(0, len(idx), j):
+            group = idx[start:start + j]
+            if len(group) < rejected_rank:
+                continue
+            ranked = sorted(group, key=lambda i: (-scores[i], i))
+            pairs.append((ranked[chosen_rank - 1], ranked[rejected_rank - 1]))
+    return pairs

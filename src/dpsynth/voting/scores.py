@@ -1,0 +1,67 @@
+"""POPri's similarity scores and the one-release alternative: signed, per-record unit vectors.
+
+`popri_scores` (Hou et al., ICML 2025, "Private Federated Learning using Preference-Optimized
+Synthetic Data"; code meiyuw/POPri, `client_feedback.py`): each private record takes the cosine
+similarities to every candidate *of its own label*, subtracts their mean, divides by their
+standard deviation and scales the result to unit L2 norm (a standardised vector of n entries has
+norm sqrt(n) >= 1, so POPri's "clip to norm 1" always scales); the records' vectors are summed.
+A record's vector is signed with norm <= 1, so the L2 sensitivity is 1 under add/remove and 2
+under replacement (`privacy.sensitivity.signed_unit_sensitivity`). The per-label restriction
+is ours: POPri's data is unlabelled; here a record only judges texts written for its label.
+
+`embedding_sums`: the per-label sums of the records' unit-normalised embeddings, one row per
+label (flattened). One record adds a unit vector to one row: the same sensitivity. Released once,
+it scores any number of candidates afterwards at no further privacy cost (`centroid_scores`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0)
+
+
+def popri_scores(private: np.ndarray, private_labels: Sequence[int] | np.ndarray, synthetic: np.ndarray,
+                 synthetic_labels: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Sum over records of the standardised, unit-norm similarity vector to the candidates of the record's
+    label (zeros elsewhere). A label with fewer than two candidates gets no score (its vectors are zero)."""
+    p_labels = np.asarray(private_labels, dtype=np.int64)
+    s_labels = np.asarray(synthetic_labels, dtype=np.int64)
+    p, s = _unit_rows(private), _unit_rows(synthetic)
+    out = np.zeros(len(s_labels), dtype=np.float64)
+    for label in np.unique(p_labels):
+        cols = np.flatnonzero(s_labels == label)
+        rows = np.flatnonzero(p_labels == label)
+        if len(cols) < 2 or len(rows) == 0:
+            continue
+        sims = p[rows] @ s[cols].T  # (records of the label, its candidates)
+        centred = sims - sims.mean(axis=1, keepdims=True)
+        norms = np.linalg.norm(centred, axis=1, keepdims=True)
+        # (x - mean) / std has norm sqrt(n); scaled to norm 1 it is (x - mean) / ||x - mean||
+        unit = np.divide(centred, norms, out=np.zeros_like(centred), where=norms > 1e-12)
+        out[cols] += unit.sum(axis=0)
+    return out
+
+
+def embedding_sums(private: np.ndarray, private_labels: Sequence[int] | np.ndarray, labels: int) -> np.ndarray:
+    """(labels x dim) flattened: row c is the sum of the unit-normalised embeddings of the records of label c."""
+    p_labels = np.asarray(private_labels, dtype=np.int64)
+    p = _unit_rows(private)
+    out = np.zeros((labels, p.shape[1]), dtype=np.float64)
+    np.add.at(out, p_labels, p)
+    return out.reshape(-1)
+
+
+def centroid_scores(noisy_sums: np.ndarray, synthetic: np.ndarray, synthetic_labels: Sequence[int] | np.ndarray,
+                    labels: int) -> np.ndarray:
+    """Post-processing of the released sums: each candidate's cosine to its label's noisy sum."""
+    centroids = _unit_rows(np.asarray(noisy_sums, dtype=np.float64).reshape(labels, -1))
+    s = _unit_rows(synthetic)
+    idx = np.asarray(synthetic_labels, dtype=np.int64)
+    return np.einsum("ij,ij->i", s, centroids[idx])
