@@ -298,3 +298,59 @@ def test_file_system_conditions_are_one_line_errors(case: str, tmp_path: Path) -
     proc = subprocess.run([sys.executable, "-m", "dpsynth", "run", str(_write_config(tmp_path, cfg)), "-o", str(out)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
     _one_line_error(proc, needle)
+    assert not (tmp_path / "r").exists(), "nothing is left behind"
+
+
+def test_file_system_messages_name_the_path_and_the_fix() -> None:
+    """The conditions root cannot reproduce here (a read-only mount, no permission) map to one line too; an
+    OSError that is not the user's to fix (e.g. a broken pipe) stays a traceback, as a bug should."""
+    import errno
+
+    from dpsynth.cli import file_system_message
+
+    ro = file_system_message(OSError(errno.EROFS, "Read-only file system", "/mnt/ro/run"))
+    assert ro is not None and ro.startswith("/mnt/ro/run: Read-only file system;") and "-o" in ro
+    denied = file_system_message(PermissionError(errno.EACCES, "Permission denied", "/home/u/.cache/dpsynth"))
+    assert denied is not None and "DPSYNTH_CACHE" in denied
+    assert "free some space" in (file_system_message(OSError(errno.ENOSPC, "No space left on device")) or "")
+    assert file_system_message(OSError(errno.EPIPE, "Broken pipe")) is None
+
+
+def test_eval_labels_that_do_not_match_the_run(capsys: pytest.CaptureFixture) -> None:
+    """Issue 33: an eval test set with other labels printed accuracy 0.0000; now it is refused, and a partial
+    match is warned about."""
+    from dpsynth.cli.evaluate import check_labels_match
+
+    with pytest.raises(DpsynthError, match="share none with the run's"):
+        check_labels_match({"positive", "negative"}, {"spam", "ham"}, "test.csv")
+    check_labels_match({"positive", "negative"}, {"positive", "negative", "neutral"}, "test.csv")
+    assert "['neutral'] have no synthetic sample" in capsys.readouterr().err
+
+
+def test_option_ranges_are_checked_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    base = _config(tmp_path, "text,label\na,spam\n")
+    for section, bad, needle in (("wasp", {"temperature": -0.5}, "temperature"), ("wasp", {"top_p": 1.5}, "top_p"),
+                                 ("dpga", {"keywords_kept": 30}, "keywords_kept=30 exceeds")):
+        with pytest.raises(DpsynthError, match=needle):
+            parse_config({**base, "method": section, section: bad})
+    from dpsynth.data.public import task_for
+    from dpsynth.methods.registry import method_class
+
+    cfg = parse_config({**base, "method": "fusegen", "fusegen": {"n": 1}})
+    with pytest.raises(DpsynthError, match="fusegen.n=1 is smaller than the number of labels"):
+        method_class("fusegen")(cfg).check_task(task_for(cfg))
+    cfg = parse_config({**base, "wasp": {"n": 12, "iterations": 2, "q": 8, "s": 2}})
+    method_class("wasp")(cfg).check_task(task_for(cfg))
+    assert "wasp.q=8 exceeds the samples each label gets per iteration (about 3" in capsys.readouterr().err
+    cfg = parse_config({**base, "method": "augpe", "augpe": {"threshold": 50}})
+    assert method_class("augpe")(cfg).min_private_records()[0] == 51
+
+
+def test_an_embedder_that_cannot_load_fails_before_the_run_directory(tmp_path: Path) -> None:
+    """Issue 33: `embedder: nope/not-a-model` failed after 82 s with a hub traceback and a half-made run
+    directory; now one line (offline: the Hub cannot be reached; online: no such model), nothing made."""
+    rows = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(20))
+    cfg = {**_config(tmp_path, rows), "embedder": "nope/not-a-model"}
+    proc = _cli("run", str(_write_config(tmp_path, cfg)), "-o", str(tmp_path / "r"), cwd=tmp_path)
+    _one_line_error(proc, "embedder 'nope/not-a-model'")
+    assert not (tmp_path / "r").exists()

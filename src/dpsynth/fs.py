@@ -35,6 +35,19 @@ def make_dir(path: Path) -> None:
     Path(path).mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
 
 
+def ensure_writable_dir(path: Path) -> Path:
+    """Create `path` if needed and check that files can be made in it; raises the OSError the user must fix
+    (a file in the way, a read-only mount, no permission), so a run can check its cache before it makes
+    its own directory and leaves nothing behind."""
+    import errno
+
+    path = Path(path)
+    make_dir(path)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return path
+
+
 def create_owner_only(path: Path) -> Path:
     """Make sure `path` exists as a file readable by the owner only (for files opened by other libraries:
     SQLite databases, log files); an existing file keeps its content."""

@@ -27,12 +27,26 @@ def evaluate(
     """Downstream accuracy, FID, MAUVE, precision/recall and diversity; writes RUN_DIR/eval.json."""
     from dpsynth.evaluate.run_eval import evaluate_run, load_run, summary_rows
 
-    load_run(run_dir)  # check the run (config.yaml, synthetic.jsonl) before loading the test set or any model
-    result = evaluate_run(run_dir, _load_test(test, text_column, label_column), classifier=classifier.value,
-                          with_mauve=mauve)
+    _, rows = load_run(run_dir)  # check the run (config.yaml, synthetic.jsonl) before loading any model
+    test_set = _load_test(test, text_column, label_column)
+    check_labels_match({str(r["label"]) for r in rows}, set(test_set.labels), test)
+    result = evaluate_run(run_dir, test_set, classifier=classifier.value, with_mauve=mauve)
     for line in summary_rows(result):
         typer.echo(line)
     typer.echo(f"written: {run_dir}/eval.json")
+
+
+def check_labels_match(synthetic: set[str], test: set[str], where: str) -> None:
+    """A test set that shares no label with the run scores 0 whatever the data: refuse it; one that shares
+    only some scores the rest as errors: say so."""
+    from dpsynth.errors import DpsynthError, warn_user
+
+    if not synthetic & test:
+        raise DpsynthError(f"{where}: its labels ({', '.join(sorted(test))}) share none with the run's "
+                           f"({', '.join(sorted(synthetic))}); give the test set of this task (or --label-column)")
+    if test - synthetic:
+        warn_user(f"{where}: labels {sorted(test - synthetic)} have no synthetic sample, so every test example of "
+                  "them counts as an error")
 
 
 def _load_test(test: str, text_column: str, label_column: str) -> LabelledTexts:

@@ -109,6 +109,13 @@ class AugPE(Method[AugPEOptions, AugPEState]):
     def iterations(self) -> int:
         return self.options.iterations
 
+    def min_private_records(self) -> tuple[int, str]:
+        """A noisy count above the threshold needs more records than the threshold (checked by the holder,
+        whose message never states the count): below that every vote would be zeroed, budget spent for
+        nothing."""
+        t = self.options.threshold
+        return int(math.floor(t)) + 1, f"augpe.threshold={t:g} (every vote would be zeroed); lower augpe.threshold"
+
     def check_task(self, task: TaskSpec) -> None:
         if self.options.n < len(task.labels):
             raise DpsynthError(f"augpe.n={self.options.n} is smaller than the number of labels "

@@ -64,8 +64,8 @@ class SamplingOptions(Section):
     """The sampling settings every generating method's section shares (a method may change a default)."""
 
     max_tokens: PositiveInt = 64
-    temperature: float = 1.0
-    top_p: float = 0.95
+    temperature: float = Field(1.0, ge=0, description="0 = greedy")
+    top_p: float = Field(0.95, gt=0, le=1)
     max_attempts: PositiveInt = Field(3, description="re-asks for samples dropped by cleaning")
 
     def prompt_settings(self, max_tokens: int | None = None) -> PromptSettings:

@@ -129,6 +129,9 @@ class DPGA(Method[DPGAOptions, DPGAState]):
             # Poisson sampling is per record; a user's records would be sampled separately, which the
             # subsampled-Gaussian event (one unit kept or dropped whole) does not cover.
             raise ValueError("dpga.sampling_rate < 1 needs record-level privacy (max_records_per_user: 1)")
+        if options.keywords_kept > options.keywords_asked:
+            raise ValueError(f"dpga.keywords_kept={options.keywords_kept} exceeds keywords_asked="
+                             f"{options.keywords_asked}: it cannot keep more sub-topics than it asks for")
 
     def iterations(self) -> int:
         return self.options.generations + 1

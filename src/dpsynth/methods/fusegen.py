@@ -10,6 +10,7 @@ import time
 
 from pydantic import PositiveInt
 
+from dpsynth.errors import DpsynthError
 from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
 from dpsynth.methods.generation import (
     SyntheticSample,
@@ -40,6 +41,11 @@ class FuseGen(Method[FuseGenOptions, FuseGenState]):
 
     def iterations(self) -> int:
         return 1
+
+    def check_task(self, task) -> None:
+        if self.options.n < len(task.labels):
+            raise DpsynthError(f"fusegen.n={self.options.n} is smaller than the number of labels "
+                               f"({len(task.labels)}): a label would get no sample; raise fusegen.n")
 
     def step(self, ctx: StepContext, state: FuseGenState, t: int) -> dict:
         f, seed = self.options, self.config.seed

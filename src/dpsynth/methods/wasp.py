@@ -28,7 +28,7 @@ from pydantic import Field, PositiveInt
 
 from dpsynth.config import records_per_unit
 from dpsynth.data.records import TaskSpec
-from dpsynth.errors import DpsynthError
+from dpsynth.errors import DpsynthError, warn_user
 from dpsynth.llm.base import GenerationRequest
 from dpsynth.methods.base import (
     Method,
@@ -162,6 +162,14 @@ class Wasp(Method[WaspOptions, WaspState]):
         if self.options.n < need:
             raise DpsynthError(f"wasp.n={self.options.n} leaves an iteration without a sample for some label: "
                                f"it needs at least labels x iterations = {need}; raise wasp.n")
+        # the fewest samples a label gets in one iteration (uniform label mix); skewed mixes get fewer
+        per_label = self.options.n // self.options.iterations // len(task.labels)
+        for option in ("q", "s"):
+            value = getattr(self.options, option)
+            if value > per_label:
+                warn_user(f"wasp.{option}={value} exceeds the samples each label gets per iteration (about "
+                          f"{per_label} = n / iterations / labels), so it acts as {per_label}; lower wasp.{option} "
+                          "or raise wasp.n")
 
     def sensitivity(self) -> float:
         return wasp_topq_sensitivity(self.options.q, self.config.privacy.adjacency,

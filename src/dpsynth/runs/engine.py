@@ -20,9 +20,9 @@ from typing import Any, Callable
 from dpsynth.config import RunConfig
 from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import LabelledTexts
-from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder
+from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder, check_embedder_available
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir, atomic_write_text, create_owner_only, lock_run_dir
+from dpsynth.fs import RunDir, atomic_write_text, cache_dir, create_owner_only, ensure_writable_dir, lock_run_dir
 from dpsynth.llm.base import Usage
 from dpsynth.methods.base import MethodState, StepContext
 from dpsynth.methods.resample import RESAMPLE, RESAMPLE_SIGMA, resample_stage
@@ -76,6 +76,9 @@ class Run:
         d = RunDir(run_dir)
         if d.root.exists() and not d.root.is_dir():
             raise DpsynthError(f"{d.root} is a file; give a directory for the run's outputs")
+        # settings that fail without spending fail before the run directory exists: nothing is left behind
+        ensure_writable_dir(cache_dir())
+        check_embedder_available(config.embedder)
         run = cls(config, d.root, **kw)  # takes the directory's lock before looking at what it holds
         if d.is_started():
             run.close()
