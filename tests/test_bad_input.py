@@ -354,3 +354,12 @@ def test_an_embedder_that_cannot_load_fails_before_the_run_directory(tmp_path: P
     proc = _cli("run", str(_write_config(tmp_path, cfg)), "-o", str(tmp_path / "r"), cwd=tmp_path)
     _one_line_error(proc, "embedder 'nope/not-a-model'")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_context_too_small_for_the_prompts_fails_before_any_release(tmp_path: Path) -> None:
+    """Issue 33: `n_ctx: 32` crashed with a broadcast error after iteration 0's release was charged; now the
+    config is refused when parsed."""
+    base = _config(tmp_path, "text,label\na,spam\n")
+    with pytest.raises(DpsynthError, match=r"generators\[0\].n_ctx=32 is below the about \d+ tokens"):
+        parse_config({**base, "generators": [{"model": "smollm2-135m-instruct", "n_ctx": 32}]})
+    parse_config({**base, "generators": [{"model": "smollm2-135m-instruct", "n_ctx": 1024}]})

@@ -104,6 +104,7 @@ class AugPE(Method[AugPEOptions, AugPEState]):
     Options = AugPEOptions
     State = AugPEState
     summary = "Aug-PE / Private Evolution with one PLM (Pre-Text when federated)"
+    prompt_examples = 1
     one_generator_per_run = True
 
     def iterations(self) -> int:

@@ -128,6 +128,8 @@ class Method(ABC, Generic[OptionsT, StateT]):
         self.config = config
         self.options: Any = config.options(self.name)
 
+    prompt_examples: ClassVar[int | str] = 0  # synthetic texts in its longest prompt (or the option naming it)
+
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         """Raise ValueError for settings this method cannot run (called when the config is parsed)."""
@@ -135,6 +137,26 @@ class Method(ABC, Generic[OptionsT, StateT]):
             raise ValueError(f"{cls.name} uses no private data; it has no federated mode")
         if cls.one_generator_per_run and len(config.generators) != 1:
             raise ValueError(f"{cls.name} uses exactly one PLM (as in its paper); run it once per PLM")
+        need = cls.context_tokens(config)
+        for i, g in enumerate(config.generators):
+            if g.kind == "llama_cpp" and g.n_ctx < need:
+                raise ValueError(f"generators[{i}].n_ctx={g.n_ctx} is below the about {need} tokens the longest "
+                                 f"prompt of {cls.name} and its answer need; raise n_ctx to at least {need}")
+
+    @classmethod
+    def context_tokens(cls, config: RunConfig) -> int:
+        """A generous bound on the tokens of the method's longest prompt plus its answer: the template and
+        chat markup (256), the task's own words (about 2 tokens each), and each synthetic example and the
+        answer at `max_tokens`. Checked before anything runs: a context too small failed after a release."""
+        options = config.options(cls.name)
+        max_tokens = getattr(options, "max_tokens", 64)
+        examples = cls.prompt_examples if isinstance(cls.prompt_examples, int) else int(
+            getattr(options, cls.prompt_examples))
+        task_words = 0
+        if config.task is not None:
+            task_words = len(f"{config.task.text_kind} {config.task.description or ''}".split()) + max(
+                (len(str(d).split()) for d in config.task.labels.values()), default=0)
+        return 256 + 2 * task_words + (examples + 1) * max_tokens
 
     def check_task(self, task: TaskSpec) -> None:
         """Raise DpsynthError for settings that cannot work with this task (checked before anything runs)."""

@@ -118,6 +118,7 @@ class DPGA(Method[DPGAOptions, DPGAState]):
     Options = DPGAOptions
     State = DPGAState
     summary = "DPGA-TextSyn: DP metadata, subsampled votes, similarity suppression, genetic operators (papers/003)"
+    prompt_examples = 2
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:

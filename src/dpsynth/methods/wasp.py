@@ -153,6 +153,7 @@ class Wasp(Method[WaspOptions, WaspState]):
     Options = WaspOptions
     State = WaspState
     summary = "weighted multi-PLM generation with Top-Q near/far votes and contrastive prompts (papers/000)"
+    prompt_examples = "s"
 
     def iterations(self) -> int:
         return self.options.iterations
