@@ -80,8 +80,10 @@ class LlamaCppGenerator:
         chat: bool | None = None,
         n_ctx: int = 2048,
         n_threads: int | None = None,
+        lora_path: Path | None = None,
     ) -> None:
-        """`n_threads`: CPU threads for generation and prompt processing (default: the available cores)."""
+        """`n_threads`: CPU threads for generation and prompt processing (default: the available cores).
+        `lora_path`: a llama.cpp LoRA GGUF applied to the model (`dpsynth.finetune.gguf_lora`)."""
         model_path = Path(model_path)
         if not model_path.is_file():
             raise DpsynthError(f"model file {model_path} does not exist; give the path of a .gguf file")
@@ -91,6 +93,7 @@ class LlamaCppGenerator:
         except ImportError as err:
             raise DpsynthError("llama.cpp backend needs llama-cpp-python: pip install 'dpsynth[local]'") from err
         self._path = model_path
+        self._lora = _file_hash(lora_path) if lora_path is not None else None
         self.name = name or model_path.stem
         threads = n_threads or available_cores()
         warn_if_busy(threads)
@@ -104,6 +107,7 @@ class LlamaCppGenerator:
                     n_threads=threads,
                     n_threads_batch=threads,
                     verbose=verbose(),
+                    **({"lora_path": str(lora_path)} if lora_path is not None else {}),
                 )
         except ValueError as err:  # llama.cpp's "Failed to load model from file"
             reason = next((line.strip() for line in reversed(c_lines) if "error" in line.lower()), "")
@@ -120,7 +124,8 @@ class LlamaCppGenerator:
     @property
     def model_id(self) -> str:
         stat = self._path.stat()
-        return f"llama_cpp:{self._path.name}:{stat.st_size}"
+        lora = f":lora:{self._lora}" if self._lora else ""
+        return f"llama_cpp:{self._path.name}:{stat.st_size}{lora}"
 
     @property
     def chat(self) -> bool:
@@ -158,3 +163,10 @@ class LlamaCppGenerator:
             text = out["choices"][0]["text"]
         usage = out["usage"]
         return GenerationResult(text, usage["prompt_tokens"], usage["completion_tokens"])
+
+
+def _file_hash(path: Path) -> str:
+    """Content hash of an adapter file: the request cache must never serve one adapter's text for another's."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
