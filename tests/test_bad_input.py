@@ -363,3 +363,14 @@ def test_a_context_too_small_for_the_prompts_fails_before_any_release(tmp_path: 
     with pytest.raises(DpsynthError, match=r"generators\[0\].n_ctx=32 is below the about \d+ tokens"):
         parse_config({**base, "generators": [{"model": "smollm2-135m-instruct", "n_ctx": 32}]})
     parse_config({**base, "generators": [{"model": "smollm2-135m-instruct", "n_ctx": 1024}]})
+
+
+def test_version_is_exposed(tmp_path: Path) -> None:
+    """Issue 36: `dpsynth.__version__` and `dpsynth --version` agree with the installed package."""
+    from importlib.metadata import version
+
+    import dpsynth
+
+    assert dpsynth.__version__ == version("dpsynth")
+    proc = _cli("--version", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"dpsynth {dpsynth.__version__}"

@@ -26,12 +26,22 @@ _typer_app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from dpsynth import __version__
+
+        typer.echo(f"dpsynth {__version__}")
+        raise typer.Exit()
+
+
 @_typer_app.callback()
 def _main(
     verbose: bool = typer.Option(
         False, "--verbose", "-v",
         help="Keep the model libraries' own output (llama.cpp load logs, transformers progress bars).",
     ),
+    show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print dpsynth's version and exit."),
 ) -> None:
     """Differentially private synthetic text from several language models."""
     set_verbose(verbose)
