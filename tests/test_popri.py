@@ -153,3 +153,12 @@ def test_missing_adapter_on_resume_is_a_one_line_error(tmp_path: Path) -> None:
     ctx = SimpleNamespace(files=tmp_path / "method")
     with pytest.raises(DpsynthError, match="cannot resume"):
         method._adapter(ctx, PopriState(adapter="0123456789abcdef", next_iteration=1))
+
+
+def test_score_signal_to_noise_from_noisy_values() -> None:
+    from dpsynth.methods.popri import score_signal_to_noise
+
+    rng = np.random.default_rng(0)
+    signal = rng.normal(0.0, 2.0, 20000)
+    assert score_signal_to_noise(signal + rng.normal(0.0, 1.0, 20000), 1.0) == pytest.approx(2.0, rel=0.03)
+    assert score_signal_to_noise(rng.normal(0.0, 1.0, 20000), 1.0) < 0.1  # pure noise

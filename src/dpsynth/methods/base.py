@@ -89,6 +89,7 @@ class StepContext:
     progress: Progress | None = None
     timings: dict[str, float] = field(default_factory=dict)
     files: Path | None = None  # the method's own files (post-processing of releases only), kept with checkpoints
+    knobs: dict[str, float] = field(default_factory=dict)  # the calibrated noise values (public, as in plan.json)
 
     def add_time(self, key: str, since: float) -> None:
         self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - since

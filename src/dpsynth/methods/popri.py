@@ -155,26 +155,36 @@ class Popri(Method[PopriOptions, PopriState]):
 
     def _scores(self, ctx: StepContext, candidates: list[SyntheticSample], t: int) -> tuple[np.ndarray, dict]:
         """Scores of the candidates (noisy for votes and centroid), and what may be reported of them: the
-        spread of the scores within labels (post-processing; with the public sigma it gives the SNR)."""
+        spread of the scores within labels and its signal-to-noise ratio (post-processing of the noisy values
+        and the public sigma: `score_signal_to_noise`)."""
         o = self.options
         emb = ctx.embed_synthetic(candidates)
         labels = ctx.label_ids(candidates)
         n_labels = len(ctx.task.label_names)
         t0 = time.perf_counter()
         info: dict = {}
+        sigma = ctx.knobs.get(SCORE_SIGMA, 0.0)
+        noise = np.zeros(n_labels)  # the noise scale of one candidate's score, per label
         if o.scoring == "votes":
             scores = ctx.holder.noisy_votes(SCORES, emb, labels, release=self.release("scores", t))
+            noise[:] = sigma
         elif o.scoring == "centroid":
             placeholder = np.zeros((n_labels, emb.shape[1]))
             sums = ctx.holder.noisy_votes(SUMS, placeholder, np.arange(n_labels), release=self.release("centroids"))
             scores = centroid_scores(sums, emb, labels, n_labels)
-            info["sum_norms"] = [float(x) for x in np.linalg.norm(sums.reshape(n_labels, -1), axis=1)]
+            norms = np.linalg.norm(sums.reshape(n_labels, -1), axis=1)
+            noise[:] = sigma / np.maximum(norms, 1e-12)  # a unit candidate's cosine moves by sigma / |noisy sum|
+            info["sum_norms"] = [float(x) for x in norms]
         else:
             names = ctx.task.label_names
             public = ctx.embed([f"{ctx.task.text_kind} ({c}: {ctx.task.labels[c]})" for c in names])
             scores = centroid_scores(public, emb, labels, n_labels)
         ctx.add_time("voting", t0)
-        info["std_within_label"] = float(np.mean([scores[labels == c].std() for c in np.unique(labels)]))
+        present = np.unique(labels)
+        info["std_within_label"] = float(np.mean([scores[labels == c].std() for c in present]))
+        if sigma > 0:
+            info["signal_to_noise"] = float(np.mean([score_signal_to_noise(scores[labels == c], noise[c])
+                                                     for c in present]))
         return scores, info
 
     def _train(self, ctx: StepContext, generator: Any, pairs: list[tuple[SyntheticSample, SyntheticSample]],
@@ -275,6 +285,15 @@ def _adapter_file(ctx: StepContext) -> Path:
     if ctx.files is None:
         raise DpsynthError("popri needs the run's method-files directory to keep its adapter")
     return ctx.files / "popri_adapter.npy"
+
+
+def score_signal_to_noise(noisy: np.ndarray, noise: float) -> float:
+    """How far the candidates' scores differ beyond their noise, from noisy values only: the standard deviation
+    of the signal, sqrt(max(var(noisy) - noise^2, 0)), over the noise's. 0 means the ranking is noise; POPri's
+    pairs need it well above 1."""
+    if noise <= 0 or len(noisy) < 2:
+        return float("inf") if noise <= 0 else 0.0
+    return float(np.sqrt(max(float(np.var(noisy)) - noise ** 2, 0.0)) / noise)
 
 
 def preference_pairs(samples: list[SyntheticSample], scores: np.ndarray, j: int, chosen_rank: int,

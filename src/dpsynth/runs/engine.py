@@ -181,7 +181,7 @@ class Run:
         synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
         ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
                           holder=HolderRequests(holder), embed=synth.encode, progress=self.progress, timings=timings,
-                          files=self.dir.method_files)
+                          files=self.dir.method_files, knobs=dict(knobs))
         ctx.add_time("load_models", t0)
         return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg))
 
