@@ -50,6 +50,18 @@ class SentenceTransformerEmbedder:
         return np.asarray(out, dtype=np.float32)
 
 
+TEST_SET_CACHE = "embeddings-test-sets.sqlite"
+
+
+def test_set_embedder(embedder: Embedder) -> "CachedEmbedder":
+    """The cache of the real test sets' embeddings (evaluation only). It holds the user's real test data, in
+    the user-wide cache folder (owner only, like every cache): a test set is embedded once across runs and
+    benches. Never private records: those are embedded in the data holder's memory only."""
+    from dpsynth.fs import cache_dir
+
+    return CachedEmbedder(embedder, cache_dir() / TEST_SET_CACHE)
+
+
 def check_embedder_available(model: str) -> None:
     """Fail in one line, before a run makes its directory or spends anything, when the embedder cannot load:
     not the packaged default, not a local folder, not in the Hugging Face cache, and not on a reachable Hub."""

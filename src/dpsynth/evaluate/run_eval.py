@@ -19,11 +19,12 @@ from dpsynth.embed.sentence import (
     DEFAULT_EMBEDDER,
     CachedEmbedder,
     SentenceTransformerEmbedder,
+    test_set_embedder,
 )
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate.distribution import distribution_report
 from dpsynth.evaluate.downstream import probe_scores
-from dpsynth.fs import RunDir, atomic_write_text, cache_dir
+from dpsynth.fs import RunDir, atomic_write_text
 
 
 def read_synthetic(run_dir: Path) -> list[dict]:
@@ -94,8 +95,7 @@ def evaluate_run(
     config, rows = load_run(run_dir)  # a damaged run fails here, before any model loads
     embedder = SentenceTransformerEmbedder(config["embedder"])
     synth = CachedEmbedder(embedder, RunDir(run_dir).synthetic_embeddings)
-    public = CachedEmbedder(embedder, cache_dir() / "embeddings-public.sqlite")
-    test_emb = public.encode(test.texts)
+    test_emb = test_set_embedder(embedder).encode(test.texts)
     emb = synth.encode([r["text"] for r in rows])
     iterations = sorted({r.get("iteration", 0) for r in rows})
     cutoffs = iterations if per_iteration else iterations[-1:]

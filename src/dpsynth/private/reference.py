@@ -9,9 +9,8 @@ from __future__ import annotations
 from dpsynth.config import RunConfig
 from dpsynth.data.public import task_for
 from dpsynth.data.records import LabelledTexts
-from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
+from dpsynth.embed.sentence import SentenceTransformerEmbedder, test_set_embedder
 from dpsynth.evaluate.downstream import probe_scores
-from dpsynth.fs import cache_dir
 from dpsynth.private.dataset import check_private, load_private
 
 
@@ -19,5 +18,5 @@ def private_only_scores(config: RunConfig, test: LabelledTexts, *, seed: int) ->
     private = load_private(config)
     check_private(config, private, task_for(config), min_records=(1, "1"))
     emb = SentenceTransformerEmbedder(config.embedder)
-    test_emb = CachedEmbedder(emb, cache_dir() / "embeddings-public.sqlite").encode(test.texts)
+    test_emb = test_set_embedder(emb).encode(test.texts)
     return probe_scores(emb.encode(private.records.texts), private.records.labels, test_emb, test.labels, seed=seed)

@@ -8,9 +8,9 @@ from dataclasses import asdict
 from typing import Any
 
 from dpsynth.data.records import LabelledTexts
-from dpsynth.embed.sentence import CachedEmbedder, Embedder
+from dpsynth.embed.sentence import Embedder, test_set_embedder
 from dpsynth.evaluate.downstream import probe_scores
-from dpsynth.fs import RunDir, atomic_write_text, cache_dir
+from dpsynth.fs import RunDir, atomic_write_text
 from dpsynth.llm.base import Usage
 from dpsynth.methods.base import StepContext
 from dpsynth.methods.generation import SyntheticSample
@@ -39,7 +39,7 @@ def evaluate_sets(ctx: StepContext, embedder: Embedder, test: LabelledTexts,
                   sets: dict[str, list[SyntheticSample]], seed: int) -> dict[str, Any]:
     """Probe accuracy on the real test split for the final set and the method's reference sets."""
     t0 = time.perf_counter()
-    test_emb = CachedEmbedder(embedder, cache_dir() / "embeddings-public.sqlite").encode(test.texts)
+    test_emb = test_set_embedder(embedder).encode(test.texts)
     out: dict[str, Any] = {"classifier": "logistic regression on sentence embeddings"}
     for name, subset in sets.items():
         emb = ctx.embed_synthetic(subset)
