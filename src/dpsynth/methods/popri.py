@@ -219,7 +219,8 @@ class Popri(Method[PopriOptions, PopriState]):
 
     # -- the adapter: one in memory for training, one merged for sampling, the file for resuming -----------
 
-    def _policy_model(self, ctx: StepContext) -> tuple[Any, Any]:
+    def _policy_model(self, ctx: StepContext, start: np.ndarray | None = None) -> tuple[Any, Any]:
+        """The trainable model (base + LoRA), built once per process; `start`: the adapter it resumes from."""
         if self._policy is None:
             import torch
 
@@ -227,44 +228,44 @@ class Popri(Method[PopriOptions, PopriState]):
 
             o = self.options
             model, tokenizer = load_base(local_gguf_path(self.config))
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]):  # the LoRA start from the run's public seed
                 torch.manual_seed(self.config.seed)
                 model = add_lora(model, o.lora_r, o.lora_alpha)
-            path = _adapter_file(ctx)
-            if path.exists():
-                load_adapter_vector(model, np.load(path))
+            if start is not None:
+                load_adapter_vector(model, start)
             self._policy = (model, tokenizer)
         return self._policy
 
     def _adapter(self, ctx: StepContext, state: PopriState) -> np.ndarray:
-        """The adapter the round starts from: the saved one after a finished round, else the LoRA start."""
+        """The adapter the round starts from: the LoRA start, or the one saved after the last finished round
+        (read back by its hash, so a round interrupted after training, even after saving, is redone from it)."""
         from dpsynth.finetune.model import adapter_hash, adapter_vector
 
-        path = _adapter_file(ctx)
         if state.adapter is None:
-            path.unlink(missing_ok=True)  # a round that crashed after saving but before its checkpoint
             self._policy = None
             return adapter_vector(self._policy_model(ctx)[0])
+        path = _adapter_file(ctx, state.adapter)
         vec = np.load(path) if path.exists() else None
         if vec is None or adapter_hash(vec) != state.adapter:
             raise DpsynthError(f"{path}: the adapter of the last finished round is missing or changed; the run "
                                "cannot resume")
-        if self._policy is not None and adapter_hash(adapter_vector(self._policy[0])) != state.adapter:
-            self._policy = None  # trained past the checkpoint (a round interrupted): reload the saved adapter
+        if self._policy is None or adapter_hash(adapter_vector(self._policy[0])) != state.adapter:
+            self._policy = None  # a new process, or trained past the checkpoint: start from the saved adapter
+            self._policy_model(ctx, start=vec)
         return vec
 
     def _save_adapter(self, ctx: StepContext) -> str:
+        """Write the trained adapter under its content hash (files are never overwritten with other content)."""
         import io
 
         from dpsynth.finetune.model import adapter_hash, adapter_vector
 
         vec = adapter_vector(self._policy_model(ctx)[0])
+        digest = adapter_hash(vec)
         buf = io.BytesIO()
         np.save(buf, vec)
-        path = _adapter_file(ctx)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, buf.getvalue())
-        return adapter_hash(vec)
+        atomic_write_bytes(_adapter_file(ctx, digest), buf.getvalue())
+        return digest
 
     def _generator(self, ctx: StepContext, adapter: np.ndarray) -> tuple[CachedGenerator, Any]:
         from dpsynth.finetune.generator import AdapterGenerator
@@ -281,10 +282,10 @@ class Popri(Method[PopriOptions, PopriState]):
         return CachedGenerator(inner, base.cache, base.usage), inner
 
 
-def _adapter_file(ctx: StepContext) -> Path:
+def _adapter_file(ctx: StepContext, digest: str) -> Path:
     if ctx.files is None:
         raise DpsynthError("popri needs the run's method-files directory to keep its adapter")
-    return ctx.files / "popri_adapter.npy"
+    return ctx.files / f"popri_adapter_{digest}.npy"
 
 
 def score_signal_to_noise(noisy: np.ndarray, noise: float) -> float:
