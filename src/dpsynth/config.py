@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -37,20 +37,20 @@ class GeneratorConfig(Section):
 
     kind: str = Field("llama_cpp", description="backend: llama_cpp, openai, transformers, or a registered plugin")
     model: str
-    name: Optional[str] = None
-    chat: Optional[bool] = Field(None, description="instruct model (chat) or base model (completion); auto for GGUF")
-    base_url: Optional[str] = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    name: str | None = None
+    chat: bool | None = Field(None, description="instruct model (chat) or base model (completion); auto for GGUF")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
     max_concurrency: PositiveInt = 4
     max_retries: int = Field(5, ge=0, description="API retries per request with exponential backoff (timeouts, "
                              "429, 5xx, malformed answers)")
     timeout: float = Field(120.0, gt=0, description="seconds per API request")
     n_ctx: PositiveInt = 2048
-    threads: Optional[PositiveInt] = Field(
+    threads: PositiveInt | None = Field(
         None, description="CPU threads of a local llama.cpp model (default: every core available to this process); "
         "lower it when several runs or models share the machine's cores")
-    price_per_prompt_token: Optional[float] = None
-    price_per_completion_token: Optional[float] = None
+    price_per_prompt_token: float | None = None
+    price_per_completion_token: float | None = None
 
     @property
     def display_name(self) -> str:
@@ -60,15 +60,15 @@ class GeneratorConfig(Section):
 class DataConfig(Section):
     """Private data: the user's file, or a public corpus standing in for it (demo, benchmarks)."""
 
-    private: Optional[Path] = None
-    corpus: Optional[str] = None
+    private: Path | None = None
+    corpus: str | None = None
     text_column: str = "text"
     label_column: str = "label"
-    m: Optional[PositiveInt] = Field(None, description="with corpus: private samples drawn from its train split")
-    test: Optional[Path] = Field(None, description="real labelled test file for evaluation (never used to generate)")
+    m: PositiveInt | None = Field(None, description="with corpus: private samples drawn from its train split")
+    test: Path | None = Field(None, description="real labelled test file for evaluation (never used to generate)")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DataConfig":
+    def _one_source(self) -> DataConfig:
         if self.private is not None and self.corpus is not None:
             raise ValueError("give one of data.private (your file) or data.corpus (a public corpus), not both")
         if self.corpus is not None and self.m is None:
@@ -87,12 +87,12 @@ class PrivacyConfig(Section):
     delta: float = 1e-5
     adjacency: Adjacency = Adjacency.ADD_REMOVE
     max_records_per_user: PositiveInt = 1
-    label_proportions: Optional[Union[Literal["uniform", "dp"], dict[str, float]]] = Field(
+    label_proportions: Literal["uniform", "dp"] | dict[str, float] | None = Field(
         None, description="uniform, public proportions {label: share}, or 'dp' (noisy label counts, accounted); "
         "unset: the method's default (uniform, except DPGA which releases its own DP label histogram)"
     )
     label_histogram_sigma: float = Field(10.0, gt=0, description="noise of the DP label histogram ('dp' only)")
-    noise_seed: Optional[int] = Field(None, description="reproducible noise for experiments: NOT FOR RELEASE")
+    noise_seed: int | None = Field(None, description="reproducible noise for experiments: NOT FOR RELEASE")
 
     @field_validator("epsilon")
     @classmethod
@@ -119,11 +119,11 @@ class FederatedConfig(Section):
         "(simulated on this machine); 'nodes': Flower SuperNodes on separate machines, each reading its own "
         "file (node-config data-path) - the server never loads private data (docs/federated.md)")
     alpha: float = Field(1.0, gt=0, description="Dirichlet concentration over labels (smaller = less IID)")
-    party_files: Optional[list[str]] = Field(None, description="partition 'files': one private file per party")
+    party_files: list[str] | None = Field(None, description="partition 'files': one private file per party")
     aggregation: Literal["secagg+", "plain"] = Field(
         "secagg+", description="secagg+: the server sees only the sum (Flower SecAgg+), each party adds "
         "sigma/sqrt(min_parties); plain: the server sees every party's vector, so each adds the full sigma")
-    min_parties: Optional[PositiveInt] = Field(
+    min_parties: PositiveInt | None = Field(
         None, description="fewest parties a round may aggregate (SecAgg+ threshold); default: all parties")
     max_records_per_party: PositiveInt = Field(
         64, description="public bound on a party's records: sets the SecAgg+ clipping range, and the "
@@ -132,7 +132,7 @@ class FederatedConfig(Section):
     timeout: float = Field(300.0, gt=0, description="seconds to wait for the parties at each protocol stage")
 
     @model_validator(mode="after")
-    def _checks(self) -> "FederatedConfig":
+    def _checks(self) -> FederatedConfig:
         if self.min_parties is not None and self.min_parties > self.parties:
             raise ValueError(f"federated.min_parties={self.min_parties} exceeds parties={self.parties}")
         if self.partition == "files" and len(self.party_files or []) != self.parties:
@@ -149,13 +149,13 @@ class ResampleConfig(Section):
 
     clusters: PositiveInt = Field(4, description="k-means clusters per label; each private record votes for the "
                                   "nearest of its label's centroids, so bins = clusters x labels")
-    target: Optional[PositiveInt] = Field(None, description="samples out (default: as many as the method wrote)")
-    sigma: Optional[float] = Field(None, gt=0, description="fixed Gaussian noise on the cluster histogram")
-    share: Optional[float] = Field(None, gt=0, lt=1, description="share of epsilon for the histogram (default "
+    target: PositiveInt | None = Field(None, description="samples out (default: as many as the method wrote)")
+    sigma: float | None = Field(None, gt=0, description="fixed Gaussian noise on the cluster histogram")
+    share: float | None = Field(None, gt=0, lt=1, description="share of epsilon for the histogram (default "
                                    "0.2 when the method has its own noise to calibrate, else the whole budget)")
 
     @model_validator(mode="after")
-    def _one_noise(self) -> "ResampleConfig":
+    def _one_noise(self) -> ResampleConfig:
         if self.sigma is not None and self.share is not None:
             raise ValueError("give resample.sigma or resample.share, not both")
         return self
@@ -167,17 +167,17 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
     method: str = "wasp"
     data: DataConfig = DataConfig()
-    task: Optional[TaskConfig] = None
+    task: TaskConfig | None = None
     generators: list[GeneratorConfig] = Field(..., min_length=1)
     privacy: PrivacyConfig = PrivacyConfig()
-    federated: Optional[FederatedConfig] = None
-    resample: Optional[ResampleConfig] = None
+    federated: FederatedConfig | None = None
+    resample: ResampleConfig | None = None
     embedder: str = DEFAULT_EMBEDDER
     seed: int = 0
     evaluate: bool = True
 
     @model_validator(mode="after")
-    def _checks(self) -> "RunConfig":
+    def _checks(self) -> RunConfig:
         if self.privacy.epsilon <= 0:
             raise ValueError(f"privacy.epsilon must be > 0 (got {self.privacy.epsilon})")
         if not 0 < self.privacy.delta < 1:

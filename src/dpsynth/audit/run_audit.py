@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +29,8 @@ from dpsynth.data.public import task_for
 from dpsynth.embed.sentence import SentenceTransformerEmbedder
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, lock_run_dir
-from dpsynth.private.dataset import load_private
 from dpsynth.privacy.accountant import Adjacency
+from dpsynth.private.dataset import load_private
 from dpsynth.runs.config import dump_config, parse_config
 from dpsynth.runs.engine import Run
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import copy
 import csv
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Sequence, Union
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,11 +34,11 @@ class Variant(BaseModel):
     name: str
     method: str = Field(..., description="a registered method (dpsynth budget --help lists them) or private_only")
     overrides: dict[str, Any] = Field(default_factory=dict, description="run-config keys to change")
-    epsilons: Optional[list[float]] = Field(None, description="this variant's epsilons (default: the bench's); "
+    epsilons: list[float] | None = Field(None, description="this variant's epsilons (default: the bench's); "
                                             "inf = non-private reference")
-    plms: Optional[list[str]] = Field(None, description="generator names to use (Aug-PE: each runs alone)")
-    seeds: Optional[list[int]] = Field(None, description="this variant's seeds (default: the bench's)")
-    compare_with: Optional[Union[str, list[str]]] = Field(
+    plms: list[str] | None = Field(None, description="generator names to use (Aug-PE: each runs alone)")
+    seeds: list[int] | None = Field(None, description="this variant's seeds (default: the bench's)")
+    compare_with: str | list[str] | None = Field(
         None, description="the variant(s) this one is paired with (default: the bench's baseline), e.g. the "
         "zero-shot runs with the same number of outputs and with the same number of generator calls")
 
@@ -57,7 +58,7 @@ class BenchConfig(BaseModel):
         default_factory=lambda: ["probe"], min_length=1,
         description="downstream classifiers scored per cell: the logistic-regression probe on sentence embeddings "
         "(fast; always computed) and the fine-tuned MiniLM encoder (the papers' small task model; ~1-2 min a cell)")
-    baseline: Optional[str] = Field("fusegen", description="variant every other one is compared with, paired "
+    baseline: str | None = Field("fusegen", description="variant every other one is compared with, paired "
                                     "by seed and test example (95% bootstrap intervals)")
 
 
@@ -99,7 +100,7 @@ def cells(bench: BenchConfig) -> list[dict]:
         # DP label proportions are a private release too: such a cell has an epsilon even without votes.
         dp_labels = cls is not None and (merged.get("privacy") or {}).get("label_proportions") == "dp"
         private = private_votes or dp_labels
-        epsilons: list[Optional[float]] = list(v.epsilons or bench.epsilons) if private else [None]
+        epsilons: list[float | None] = list(v.epsilons or bench.epsilons) if private else [None]
         for plms in plm_sets:
             plm_tag = "+".join(_plm_name(g) for g in plms)
             for eps in epsilons:
@@ -155,8 +156,8 @@ def needed_variants(bench: BenchConfig, only: Sequence[str]) -> set[str]:
 
 
 def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
-             progress: Optional[Callable[[str, int, int], None]] = None, run_missing: bool = True,
-             only: Optional[Sequence[str]] = None) -> list[dict]:
+             progress: Callable[[str, int, int], None] | None = None, run_missing: bool = True,
+             only: Sequence[str] | None = None) -> list[dict]:
     """Run (or resume) every cell and collect its row; `run_missing=False` only reports finished cells;
     `only`: run just those variants and what they are compared with (other finished cells are still reported)."""
     from dpsynth.data.public import load_test

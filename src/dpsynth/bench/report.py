@@ -68,7 +68,8 @@ def html_report(rows: list[dict], out_dir: Path, title: str) -> str:
     for (variant, plms), by_eps in _group(rows).items():
         eps = sorted(e for e in by_eps if e is not None)
         if eps:
-            ax.errorbar([e if np.isfinite(e) else inf_at for e in eps], [np.mean([r["accuracy"] for r in by_eps[e]]) for e in eps],
+            means = [np.mean([r["accuracy"] for r in by_eps[e]]) for e in eps]
+            ax.errorbar([e if np.isfinite(e) else inf_at for e in eps], means,
                         yerr=[np.std([r["accuracy"] for r in by_eps[e]]) for e in eps], marker="o",
                         label=f"{variant} ({plms})", capsize=3)
         elif None in by_eps:

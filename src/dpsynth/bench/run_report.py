@@ -54,7 +54,6 @@ def _figure():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -148,8 +147,9 @@ def run_report(run_dir: Path) -> str:
 
     parts.append("<h2>Privacy spent per release</h2>")
     parts.append(_table(["release", "mechanism", "noise", "sensitivity", "count", "sampling rate"],
-                        [[e["name"], e["kind"], _fmt(e.get("sigma", e.get("noise_multiplier", e.get("scale", f"eps {e.get('epsilon')}")))),
-                          _fmt(e.get("sensitivity", "")), e.get("count", 1), _fmt(e.get("sampling_rate", ""))]
+                        [[e["name"], e["kind"], _fmt(_noise_of(e)),
+                          _fmt(e.get("sensitivity", "")), e.get("count", 1),
+                          _fmt(e.get("sampling_rate", ""))]
                          for e in privacy["events"]]))
     plot = _privacy_plot(history, budget)
     if plot:
@@ -203,3 +203,8 @@ def run_report(run_dir: Path) -> str:
              "td,th{border:1px solid #ccc;padding:2px 6px;font-size:90%}.warn{color:#b00;font-weight:bold}</style>")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>dpsynth run report</title>{style}"
             f"{_RENDER_CHECK}</head><body>{''.join(parts)}</body></html>")
+
+
+def _noise_of(event: dict) -> object:
+    """An event's noise parameter, whichever its mechanism names it (sigma, noise multiplier, Laplace scale)."""
+    return event.get("sigma", event.get("noise_multiplier", event.get("scale", f"eps {event.get('epsilon')}")))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -40,9 +39,9 @@ def majority_line(labels: list[str] | None) -> str:
 
 def bench(
     config: Path = typer.Argument(..., help="Bench configuration (YAML): base run config, variants, epsilons, seeds."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: bench/<name>)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Output directory (default: bench/<name>)."),
     run: bool = typer.Option(True, "--run/--report-only", help="--report-only: tables of the finished cells only."),
-    only: Optional[list[str]] = typer.Option(
+    only: list[str] | None = typer.Option(
         None, "--only", help="Run only this variant (repeatable) and the variants it is compared with; finished "
         "cells of the others are still reported."),
 ) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional
 
 import typer
 
@@ -22,23 +21,23 @@ from dpsynth.runs.planning import PrivacyPlan, plan_for_method, plan_privacy
 
 
 def budget(
-    method: Optional[str] = typer.Argument(None, help="A method (wasp, augpe, ...); or give --config."),
-    config: Optional[str] = typer.Option(None, "--config", help="Plan exactly this run config."),
-    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target epsilon: prints the noise to use."),
-    sigma: Optional[float] = typer.Option(None, "--sigma", help="Vote noise per release: prints the epsilon."),
+    method: str | None = typer.Argument(None, help="A method (wasp, augpe, ...); or give --config."),
+    config: str | None = typer.Option(None, "--config", help="Plan exactly this run config."),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="Target epsilon: prints the noise to use."),
+    sigma: float | None = typer.Option(None, "--sigma", help="Vote noise per release: prints the epsilon."),
     delta: float = typer.Option(1e-5, "--delta"),
-    iterations: Optional[int] = typer.Option(None, "--iterations", "-T",
+    iterations: int | None = typer.Option(None, "--iterations", "-T",
                                              help="All iterations, including zero-shot iteration 0."),
-    q: Optional[int] = typer.Option(None, "--q", help="WASP's Top-Q."),
+    q: int | None = typer.Option(None, "--q", help="WASP's Top-Q."),
     option: list[str] = typer.Option([], "--option", help="Any method option as key=value (repeatable)."),
-    label_proportions: Optional[str] = typer.Option(None, "--label-proportions", help="uniform or dp."),
+    label_proportions: str | None = typer.Option(None, "--label-proportions", help="uniform or dp."),
     max_records_per_user: int = typer.Option(1, "--max-records-per-user", help="User-level DP: records per user."),
     parties: int = typer.Option(1, "--parties", help="Federated: number of data parties (secure aggregation)."),
-    min_parties: Optional[int] = typer.Option(None, "--min-parties", help="Fewest parties a round may finish with."),
+    min_parties: int | None = typer.Option(None, "--min-parties", help="Fewest parties a round may finish with."),
     adjacency: Adjacency = typer.Option(Adjacency.ADD_REMOVE, "--adjacency"),
-    resample_sigma: Optional[float] = typer.Option(None, "--resample-sigma",
+    resample_sigma: float | None = typer.Option(None, "--resample-sigma",
                                                    help="Add a resampling stage with this histogram sigma."),
-    resample_share: Optional[float] = typer.Option(None, "--resample-share",
+    resample_share: float | None = typer.Option(None, "--resample-share",
                                                    help="Add a resampling stage with this share of epsilon."),
 ) -> None:
     """Calibrate the noise for a target epsilon, or compute the epsilon of a vote sigma."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,7 +12,7 @@ from dpsynth.errors import DpsynthError
 
 def party_ledger(
     path: Path = typer.Argument(..., help="The party's ledger (default location: <data file>.privacy-ledger.json)."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="Report epsilon at this delta (default: the "
+    delta: float | None = typer.Option(None, "--delta", help="Report epsilon at this delta (default: the "
                                           "ledger's own)."),
 ) -> None:
     """Answers the party has given (per release) and the epsilon they spend together, with the RDP cross-check."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,7 +11,7 @@ from dpsynth.fs import atomic_write_text
 
 def report(
     run_dir: Path = typer.Argument(..., help="A finished run directory."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/report.html)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/report.html)."),
 ) -> None:
     """Privacy per release, samples and weights per iteration, signal to noise, scores, examples."""
     from dpsynth.bench.run_report import run_report

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 import typer
 from rich.console import Console, RenderableType
@@ -45,9 +45,9 @@ def _print_whole(renderable: RenderableType) -> None:
 
 
 def run(
-    config: Optional[Path] = typer.Argument(None, help="Run configuration (YAML)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: runs/<time>)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
+    config: Path | None = typer.Argument(None, help="Run configuration (YAML)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run directory (default: runs/<time>)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this directory."),
 ) -> None:
     """Run a method (WASP by default) on your private data, or resume an interrupted run."""
     if resume is not None:
@@ -62,7 +62,7 @@ def run(
 
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Run directory."),
-    n: Optional[int] = typer.Option(None, "--n", help="Override the number of synthetic samples."),
+    n: int | None = typer.Option(None, "--n", help="Override the number of synthetic samples."),
 ) -> None:
     """WASP with two local PLMs on real Rotten Tomatoes reviews (M=100, eps=4)."""
     import yaml
@@ -171,7 +171,8 @@ def _print_summary(run_dir: Path, result: dict) -> None:
             f"{fed['upload_bytes_per_party'] / 1e3:.1f} kB up; aggregation {fed['aggregation_seconds']:.1f}s "
             f"over {len(fed['rounds'])} rounds")
         for kind, g in (fed.get("by_round_kind") or {}).items():
-            console.print(f"  {kind} rounds: {g['rounds']}; per asked party {g['download_bytes_per_party'] / 1e3:.1f} kB "
+            per_party = g["download_bytes_per_party"] / 1e3
+            console.print(f"  {kind} rounds: {g['rounds']}; per asked party {per_party:.1f} kB "
                           f"down, {g['upload_bytes_per_party'] / 1e3:.1f} kB up")
     t = metrics["timings"]
     share = 1 - t["generator_calls"] / t["wall"] if t["wall"] else 0.0

@@ -21,7 +21,7 @@ class LabelledTexts:
     def __len__(self) -> int:
         return len(self.texts)
 
-    def subset(self, index: np.ndarray | list[int]) -> "LabelledTexts":
+    def subset(self, index: np.ndarray | list[int]) -> LabelledTexts:
         return LabelledTexts([self.texts[i] for i in index], [self.labels[i] for i in index])
 
     def label_ids(self, label_names: list[str]) -> np.ndarray:

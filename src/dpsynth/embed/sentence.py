@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class SentenceTransformerEmbedder:
 TEST_SET_CACHE = "embeddings-test-sets.sqlite"
 
 
-def test_set_embedder(embedder: Embedder) -> "CachedEmbedder":
+def test_set_embedder(embedder: Embedder) -> CachedEmbedder:
     """The cache of the real test sets' embeddings (evaluation only). It holds the user's real test data, in
     the user-wide cache folder (owner only, like every cache): a test set is embedded once across runs and
     benches. Never private records: those are embedded in the data holder's memory only."""

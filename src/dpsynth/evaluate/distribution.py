@@ -11,7 +11,7 @@ says so.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import linalg

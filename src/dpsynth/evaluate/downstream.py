@@ -7,7 +7,7 @@ never used in generation.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression

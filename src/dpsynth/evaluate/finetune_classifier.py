@@ -11,8 +11,8 @@ learning rate 1e-4 reached 67.5%. Small sets get at least `min_steps` optimiser 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score

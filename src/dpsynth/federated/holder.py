@@ -17,7 +17,6 @@ import numpy as np
 
 from dpsynth.config import FederatedConfig, fewest_answering
 from dpsynth.errors import DpsynthError
-from dpsynth.finetune.request import AdapterTraining
 from dpsynth.federated.clipping import clip_range
 from dpsynth.federated.flower_secagg import (
     FlowerAggregator,
@@ -26,8 +25,9 @@ from dpsynth.federated.flower_secagg import (
     VoteRound,
     quantization_range,
 )
-from dpsynth.privacy.schedule import Release
+from dpsynth.finetune.request import AdapterTraining
 from dpsynth.fs import atomic_write_bytes
+from dpsynth.privacy.schedule import Release
 from dpsynth.private.holder import ReleaseKey, ReleasingHolder, check_training_release
 from dpsynth.voting.spec import VoteSpec
 

@@ -28,7 +28,6 @@ from dpsynth.privacy.ledger import Assumptions, PrivacyLedger
 from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.voting.spec import VoteSpec
 
-
 TRUST_MODEL = ("this party's own ledger: votes and profiles count the noise of the min_parties shares the "
                "SecAgg+ sum promises (honest parties, a protocol-following server); training is local DP-SGD")
 

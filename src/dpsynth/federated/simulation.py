@@ -8,7 +8,8 @@ SuperNodes on their own machines and the server never loads private data.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from dpsynth.config import RunConfig
 from dpsynth.data.records import TaskSpec

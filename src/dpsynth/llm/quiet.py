@@ -12,7 +12,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 VERBOSE_ENV = "DPSYNTH_VERBOSE"
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",

@@ -8,8 +8,8 @@ the `dpsynth.backends` entry-point group that registers theirs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Callable
 
 from dpsynth.config import GeneratorConfig
 from dpsynth.errors import DpsynthError

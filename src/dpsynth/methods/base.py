@@ -19,10 +19,11 @@ carries no private record (a test walks it to check).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, Optional, TypeVar
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
@@ -47,7 +48,7 @@ class MethodState(BaseModel):
     model_config = ConfigDict(extra="forbid")
     next_iteration: int = 0
     history: list[dict] = []
-    resampled: Optional[list[SyntheticSample]] = None  # the final set after a `resample:` stage
+    resampled: list[SyntheticSample] | None = None  # the final set after a `resample:` stage
 
 
 @dataclass(frozen=True)

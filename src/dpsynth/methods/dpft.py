@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from pydantic import Field, PositiveInt
 
 from dpsynth.config import RunConfig

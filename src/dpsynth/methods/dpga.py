@@ -94,7 +94,7 @@ class DPGAOptions(SamplingOptions):
     temperature: float = Field(1.2, description="paper: 1.2 for generation")
 
     @model_validator(mode="after")
-    def _checks(self) -> "DPGAOptions":
+    def _checks(self) -> DPGAOptions:
         total = self.elite_fraction + self.mutate_fraction + self.crossover_fraction + self.generate_fraction
         if abs(total - 1.0) > 1e-9:
             raise ValueError(f"elite, mutate, crossover and generate fractions must add up to 1 (got {total:g})")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Union
 
 import numpy as np
 from pydantic import Field, PositiveInt
@@ -50,7 +49,7 @@ NOISE_MULTIPLIER, VOTE_SIGMA = "noise_multiplier", "vote_sigma"
 class FedgenOptions(SamplingOptions):
     """The `fedgen:` section (defaults: papers/004 scaled to a CPU; its budget split eps_prof = eps/4)."""
 
-    strong: Union[float, list[int]] = Field(
+    strong: float | list[int] = Field(
         0.3, description="the strong (training) parties: a share of the parties (the first round(share x L), at "
         "least 1) or a list of party ids; every other party is weak (votes only)")
     rounds: PositiveInt = Field(4, description="R: FedAvg rounds")

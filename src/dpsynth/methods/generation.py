@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -105,7 +105,7 @@ def generate_samples(
                 nonlocal done
                 done += 1
                 if on_progress:
-                    on_progress(plan.plm, done, target)
+                    on_progress(plan.plm, done, target)  # noqa: B023 - called within this iteration only
 
             results = gen.generate([r for _, r in pairs], on_result=progress)
             for (label, _), result in zip(pairs, results):

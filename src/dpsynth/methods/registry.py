@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from dpsynth.methods.base import Method
 
 M = TypeVar("M", bound="type[Method]")
-_METHODS: dict[str, "type[Method]"] = {}
+_METHODS: dict[str, type[Method]] = {}
 _loaded = False
 
 
@@ -49,7 +49,7 @@ def method_names() -> list[str]:
     return sorted(_METHODS)
 
 
-def method_class(name: str) -> "type[Method]":
+def method_class(name: str) -> type[Method]:
     _load()
     if name not in _METHODS:
         raise DpsynthError(f"unknown method '{name}'; choose one of {', '.join(sorted(_METHODS))}")

@@ -21,7 +21,7 @@ taken and the rest drawn again with replacement (counted in `duplicated`).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -44,7 +44,8 @@ def resample_schedule(config: RunConfig, method_schedule: Schedule) -> Schedule:
         return Schedule((), ())
     sens = pe_top1_sensitivity(config.privacy.adjacency, max_records_per_user=records_per_unit(config))
     if r.sigma is not None:
-        knob = Knob(RESAMPLE_SIGMA, value=r.sigma, description="Gaussian noise on the cluster histogram (resample.sigma)")
+        knob = Knob(RESAMPLE_SIGMA, value=r.sigma,
+                    description="Gaussian noise on the cluster histogram (resample.sigma)")
     elif r.share is not None or any(k.free for k in method_schedule.knobs):
         share = r.share if r.share is not None else DEFAULT_SHARE
         knob = Knob(RESAMPLE_SIGMA, share=share, description=f"Gaussian noise on the cluster histogram "

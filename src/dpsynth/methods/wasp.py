@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from pydantic import Field, PositiveInt
@@ -82,7 +82,8 @@ def iteration_size(n: int, iterations: int, t: int) -> int:
     return base + (n - base * iterations if t == iterations - 1 else 0)
 
 
-def select_top(noisy: np.ndarray, samples: Sequence[SyntheticSample], labels: Sequence[str], s: int) -> dict[str, list[int]]:
+def select_top(noisy: np.ndarray, samples: Sequence[SyntheticSample], labels: Sequence[str],
+               s: int) -> dict[str, list[int]]:
     """Per label, the ids of the top-S samples by a noisy histogram (Eq. 7)."""
     out: dict[str, list[int]] = {}
     for label in labels:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
 
 from dp_accounting import dp_event as dpe
 from dp_accounting.pld import common as pld_common

@@ -13,7 +13,7 @@ noise/sensitivity ratio near 0.006 needs tens of GB.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from dpsynth.privacy.accountant import Adjacency, epsilon_pld, gdp_mu_for
 from dpsynth.privacy.events import PrivacyEvent

@@ -9,7 +9,7 @@ ledger's adjacency relation; accountants never guess it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
@@ -67,6 +67,6 @@ class PureDpEvent(_Event):
 
 
 PrivacyEvent = Annotated[
-    Union[GaussianEvent, SubsampledGaussianEvent, LaplaceEvent, PureDpEvent],
+    GaussianEvent | SubsampledGaussianEvent | LaplaceEvent | PureDpEvent,
     Field(discriminator="kind"),
 ]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -134,7 +135,7 @@ class PrivacyLedger:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PrivacyLedger":
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyLedger:
         return cls(
             epsilon_budget=data["epsilon_budget"],
             delta=data["delta"],
@@ -147,5 +148,5 @@ class PrivacyLedger:
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2))
 
     @classmethod
-    def load(cls, path: Path) -> "PrivacyLedger":
+    def load(cls, path: Path) -> PrivacyLedger:
         return cls.from_dict(json.loads(Path(path).read_text()))

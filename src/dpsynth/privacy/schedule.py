@@ -23,8 +23,8 @@ what the run pays. A knob value of 0 means "no noise" and exists only in epsilon
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from dpsynth.errors import DpsynthError
 from dpsynth.privacy.accountant import ALL_RECORDS, Adjacency, epsilon_pld
@@ -104,7 +104,7 @@ class Schedule:
             raise DpsynthError("a schedule has at most one free knob per disjoint scope of records; give the "
                                "others a share or a value")
 
-    def __add__(self, other: "Schedule") -> "Schedule":
+    def __add__(self, other: Schedule) -> Schedule:
         return Schedule(self.releases + other.releases, self.knobs + other.knobs, self.notes + other.notes)
 
     @property

@@ -13,7 +13,8 @@ the sum by at most sqrt(|v|^2 + |v'|^2) = sqrt(2)|v| (disjoint supports), not
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dpsynth.privacy.accountant import Adjacency
 from dpsynth.voting.rank_votes import decaying_weights
@@ -95,7 +96,7 @@ def signed_unit_sensitivity(adjacency: Adjacency = Adjacency.ADD_REMOVE, *, max_
     return max_records_per_user * (2.0 if adjacency is Adjacency.REPLACE else 1.0)
 
 
-def vote_sensitivity(spec: "VoteSpec", adjacency: Adjacency = Adjacency.ADD_REMOVE, *,
+def vote_sensitivity(spec: VoteSpec, adjacency: Adjacency = Adjacency.ADD_REMOVE, *,
                      max_records_per_user: int = 1, candidates_per_label: int | None = None) -> float:
     """L2 sensitivity of the vote vector a `VoteSpec` asks for: the one derivation the central methods and the
     federated parties' own ledgers share."""

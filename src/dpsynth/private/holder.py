@@ -12,20 +12,21 @@ the same interface by sending each request to the parties and receiving only the
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
 from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import Embedder
 from dpsynth.finetune.request import AdapterTraining
+from dpsynth.privacy.accountant import epsilon_pld
 from dpsynth.privacy.events import (
     GaussianEvent,
     LaplaceEvent,
     PureDpEvent,
     SubsampledGaussianEvent,
 )
-from dpsynth.privacy.accountant import epsilon_pld
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource, above_threshold
 from dpsynth.privacy.schedule import Release, Schedule

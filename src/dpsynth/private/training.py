@@ -8,8 +8,8 @@ moments, step), which is as public as the final adapter.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

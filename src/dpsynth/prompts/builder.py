@@ -7,10 +7,10 @@ private text into a prompt.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib.resources import files
-from typing import Sequence
 
 import yaml
 
@@ -18,7 +18,7 @@ from dpsynth.data.records import TaskSpec
 from dpsynth.llm.base import GenerationRequest
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_templates(name: str = "wasp") -> dict:
     return yaml.safe_load(files("dpsynth.prompts").joinpath("templates", f"{name}.yaml").read_text())
 

@@ -13,7 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 _PREAMBLE = re.compile(
-    r"^(sure[,!.]?\s*)?(here('s| is)\s+(a|an|one|the)?\s*[^:\n]{0,60}:\s*|(new\s+)?(review|question|text|answer|message)\s*:\s*)",
+    r"^(sure[,!.]?\s*)?"
+    r"(here('s| is)\s+(a|an|one|the)?\s*[^:\n]{0,60}:\s*|(new\s+)?(review|question|text|answer|message)\s*:\s*)",
     re.IGNORECASE,
 )
 _EXAMPLE_FORMAT = re.compile(r'^[^"\n]{0,200}?\bis:\s*"(?P<text>[^"]+)"?', re.IGNORECASE)

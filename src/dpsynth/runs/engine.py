@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dpsynth.config import RunConfig
 from dpsynth.data.public import load_test, task_for
@@ -72,7 +73,7 @@ class Run:
         self._start = time.perf_counter()
 
     @classmethod
-    def create(cls, config: RunConfig, run_dir: Path, **kw: Any) -> "Run":
+    def create(cls, config: RunConfig, run_dir: Path, **kw: Any) -> Run:
         d = RunDir(run_dir)
         if d.root.exists() and not d.root.is_dir():
             raise DpsynthError(f"{d.root} is a file; give a directory for the run's outputs")
@@ -87,7 +88,7 @@ class Run:
         return run
 
     @classmethod
-    def resume(cls, run_dir: Path, **kw: Any) -> "Run":
+    def resume(cls, run_dir: Path, **kw: Any) -> Run:
         d = RunDir(run_dir)
         if not d.config.is_file():
             hint = (" (a run stopped before it wrote its config spent nothing: start it again with `dpsynth run "

@@ -17,7 +17,8 @@ from dpsynth.methods.generation import SyntheticSample
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import privacy_report, write_privacy_report
 
-PRIVATE_TIMINGS = ("voting", "training")  # time inside the data holder's releases, which depends on the private set's size
+# time inside the data holder's releases, which depends on the private set's size
+PRIVATE_TIMINGS = ("voting", "training")
 
 
 def write_synthetic(run_dir: RunDir, samples: list[SyntheticSample]) -> None:

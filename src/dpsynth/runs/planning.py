@@ -1,7 +1,8 @@
 """A run's whole privacy plan from its config: what `dpsynth budget` prints is what the run pays.
 
 The plan is the method's schedule plus the run-level releases (the DP label histogram when
-label proportions are 'dp', the cluster histogram of a `resample:` stage), the delta reserved for SecAgg+ clipping, and the assumptions
+label proportions are 'dp', the cluster histogram of a `resample:` stage), the delta reserved for SecAgg+
+clipping, and the assumptions
 the guarantee rests on. `calibrate` finds every knob for the target (epsilon, delta) on the
 same accountant the ledger uses.
 """

@@ -15,7 +15,7 @@ uses ||s||^2 - 2 p.s and never needs it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

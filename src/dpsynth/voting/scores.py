@@ -16,7 +16,7 @@ it scores any number of candidates afterwards at no further privacy cost (`centr
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
