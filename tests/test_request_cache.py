@@ -197,3 +197,29 @@ def test_caches_holding_synthetic_text_are_owner_only(tmp_path: Path, monkeypatc
     assert stat.S_IMODE((tmp_path / "run" / "cache").stat().st_mode) == 0o700
     monkeypatch.setenv("DPSYNTH_CACHE", "")
     assert cache_dir() == Path.home() / ".cache" / "dpsynth"
+
+
+def test_opening_the_cache_again_never_touches_an_existing_database_file(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bench opens the shared request cache once per cell in one process. Making the file owner-only used to
+    open and close a descriptor of the existing database, which drops the POSIX locks of the process's open
+    connections (SQLite then failed with "disk I/O error" mid-bench): an existing file is not opened again."""
+    import os
+
+    first = RequestCache(tmp_path / "requests.sqlite")
+    opened: list[str] = []
+    real_open = os.open
+
+    def watch(path, *args, **kwargs):
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", watch)
+    from dpsynth.fs import create_owner_only
+
+    create_owner_only(tmp_path / "requests.sqlite")
+    assert str(tmp_path / "requests.sqlite") not in opened
+    monkeypatch.setattr(os, "open", real_open)
+    second = RequestCache(tmp_path / "requests.sqlite")
+    first.put("k", "m", "p", GenerationResult("one", 1, 1))
+    assert second.get_many(["k"])["k"].text == "one"

@@ -50,12 +50,18 @@ def ensure_writable_dir(path: Path) -> Path:
 
 def create_owner_only(path: Path) -> Path:
     """Make sure `path` exists as a file readable by the owner only (for files opened by other libraries:
-    SQLite databases, log files); an existing file keeps its content."""
+    SQLite databases, log files). An existing file is not opened at all: closing any descriptor of a SQLite
+    database drops the POSIX locks this process's connections hold on it (a shared cache opened twice in
+    one process, as a bench does per cell, then fails with "disk I/O error")."""
     path = Path(path)
+    if path.exists():
+        return path
     make_dir(path.parent)
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, FILE_MODE))
+    try:  # O_EXCL: a file another process creates meanwhile is not opened either
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE))
+    except FileExistsError:
+        pass
     return path
-
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a crash never leaves half a file."""
