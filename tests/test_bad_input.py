@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -374,3 +375,19 @@ def test_version_is_exposed(tmp_path: Path) -> None:
     assert dpsynth.__version__ == version("dpsynth")
     proc = _cli("--version", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip() == f"dpsynth {dpsynth.__version__}"
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"task": {"text_kind": "email", "labels": {}}}, "task.labels: Dictionary should have at least 1 item"),
+    ({"seed": -1}, "seed: Input should be greater than or equal to 0"),
+    ({"embedder": ""}, "embedder: String should have at least 1 character"),
+    ({"task": {"text_kind": "email", "labels": {1: "spam"}}}, "task.labels.1.[key]: Input should be a valid string"),
+    ({"method": "popri", "popri": {"j": 1}}, "popri.j: Input should be greater than or equal to 2"),
+    ({"method": "popri", "federated": {"parties": 2}}, "popri has no federated mode"),
+    ({"method": "popri", "popri": {"scoring": "vote"}}, "popri.scoring: Input should be 'votes', 'centroid' or"),
+])
+def test_more_config_errors_are_one_line(change: dict, needle: str, tmp_path: Path) -> None:
+    """Issue 33's own further cases (docs/bad-input.md rows 23i-23o): each one line, before anything runs."""
+    raw = {**_config(tmp_path, "text,label\na,spam\n"), **change}
+    with pytest.raises(DpsynthError, match=re.escape(needle)):
+        parse_config(raw, "c.yaml")

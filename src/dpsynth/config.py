@@ -78,7 +78,7 @@ class DataConfig(Section):
 
 class TaskConfig(Section):
     text_kind: str = Field(..., description="short noun phrase for one text, e.g. 'customer support email'")
-    labels: dict[str, str] = Field(..., description="label -> what it means (used in prompts)")
+    labels: dict[str, str] = Field(..., min_length=1, description="label -> what it means (used in prompts)")
     description: str = Field("", description="one public sentence on what the texts look like")
 
 
@@ -172,8 +172,8 @@ class RunConfig(BaseModel):
     privacy: PrivacyConfig = PrivacyConfig()
     federated: FederatedConfig | None = None
     resample: ResampleConfig | None = None
-    embedder: str = DEFAULT_EMBEDDER
-    seed: int = 0
+    embedder: str = Field(DEFAULT_EMBEDDER, min_length=1)
+    seed: int = Field(0, ge=0, description="public seed of the run's requests and splits (numpy needs >= 0)")
     evaluate: bool = True
 
     @model_validator(mode="after")
