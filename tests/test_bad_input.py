@@ -315,6 +315,8 @@ def test_file_system_messages_name_the_path_and_the_fix() -> None:
     assert denied is not None and "DPSYNTH_CACHE" in denied
     assert "free some space" in (file_system_message(OSError(errno.ENOSPC, "No space left on device")) or "")
     assert file_system_message(OSError(errno.EPIPE, "Broken pipe")) is None
+    assert "cannot be made here" in (file_system_message(FileNotFoundError(errno.ENOENT, "No such file", "/proc/x"))
+                                     or "")
 
 
 def test_eval_labels_that_do_not_match_the_run(capsys: pytest.CaptureFixture) -> None:

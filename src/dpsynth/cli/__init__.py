@@ -85,6 +85,8 @@ _FIXES = {
     errno.EPERM: "dpsynth may not write there: choose a folder you can write to (-o, DPSYNTH_CACHE)",
     errno.EROFS: "the file system is read-only: choose a writable folder (-o for a run, DPSYNTH_CACHE for the cache)",
     errno.ENOTDIR: "part of this path is a file, not a folder: choose another path",
+    errno.ENOENT: "this path does not exist and cannot be made here (e.g. a special or missing mount): choose "
+                  "another path",
     errno.EISDIR: "this path is a folder where dpsynth needs a file: choose another path",
     errno.EEXIST: "a file is in the way of a folder dpsynth needs: move it or choose another path",
     errno.ENAMETOOLONG: "a name in this path is too long for the file system: choose a shorter one",
