@@ -214,7 +214,8 @@ class Popri(Method[PopriOptions, PopriState]):
 
         t0 = time.perf_counter()
         out = train_on_preferences(model, tokenizer, data, settings, on_batch=report)
-        ctx.add_time("training", t0)
+        # not "training": that key is the data holder's DP training, whose time is private and not reported
+        ctx.add_time("preference_training", t0)
         return out
 
     # -- the adapter: one in memory for training, one merged for sampling, the file for resuming -----------
