@@ -28,10 +28,6 @@ def register_backend(kind: str) -> Callable[[Factory], Factory]:
     return add
 
 
-def unregister_backend(kind: str) -> None:
-    _BACKENDS.pop(kind, None)
-
-
 def backend_names() -> list[str]:
     global _plugins_loaded
     if not _plugins_loaded:
