@@ -82,7 +82,9 @@ def train_on_preferences(model: Any, tokenizer: Any, pairs: Sequence[PreferenceP
             ref_r = _batched_logprobs(model, rejected, settings.batch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=settings.learning_rate)
-    model.train()
+    # The policy stays in eval mode (no dropout), as the reference was computed: a dropout difference would
+    # make policy and reference differ at the start (TRL turns dropout off for DPO by default too).
+    model.eval()
     batches = -(-len(pairs) // settings.batch_size)
     losses: list[float] = []
     ahead = 0
@@ -104,8 +106,10 @@ def train_on_preferences(model: Any, tokenizer: Any, pairs: Sequence[PreferenceP
             losses.append(float(loss.detach()))
             if on_batch is not None:
                 on_batch(b + 1, batches, losses[-1])
-    model.eval()
-    out: dict = {"pairs": len(pairs), "loss": float(np.mean(losses))}
+    out: dict = {"pairs": len(pairs), "loss": float(np.mean(losses)),
+                 # sequences cut at max_length lose their end (and its eos): say how many
+                 "truncated": int(((chosen[1].sum(dim=1) >= settings.max_length)
+                                   | (rejected[1].sum(dim=1) >= settings.max_length)).sum())}
     if settings.objective == "dpo":
         out["reward_accuracy"] = ahead / len(pairs)
     return out
