@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import Field, PositiveInt
@@ -171,7 +172,8 @@ def sample_from_adapter(ctx: StepContext, request: AdapterTraining, adapter: np.
                         t: int, n: int, *, tag: str) -> tuple[list[SyntheticSample], dict]:
     """n samples (label mix from the run's label proportions) from the base PLM with this DP-trained adapter,
     prompted by each label's control code, through the request cache (the model id carries the adapter's hash)."""
-    generator = _adapter_generator(ctx, request, adapter)
+    generator, _ = adapter_generator(ctx, Path(request.model), adapter, r=request.lora_r, alpha=request.lora_alpha,
+                                     threads=request.threads)
     settings = options.prompt_settings()
     seed = ctx.config.seed
 
@@ -189,17 +191,21 @@ def sample_from_adapter(ctx: StepContext, request: AdapterTraining, adapter: np.
     return samples, stats
 
 
-def _adapter_generator(ctx: StepContext, request: AdapterTraining, adapter: np.ndarray) -> CachedGenerator:
+def adapter_generator(ctx: StepContext, model: Path, adapter: np.ndarray, *, r: int, alpha: int,
+                      threads: int | None, chat: bool = False) -> tuple[CachedGenerator, Any]:
+    """The run's one local PLM with a LoRA adapter merged in, behind the run's request cache (and the inner
+    generator, whose `prompt_text` preference training needs). `chat=False`: completion prompts (dpft's
+    control codes); popri trains on the chat prompts, so it samples with them."""
     from dpsynth.finetune.generator import AdapterGenerator
 
     (name, base), = ctx.generators.items()
-    if request.threads is not None:  # the generator's `threads:` shares the cores as for llama.cpp
+    if threads is not None:  # the generator's `threads:` shares the cores as for llama.cpp
         import torch
 
-        torch.set_num_threads(request.threads)
-    inner = AdapterGenerator(Path(request.model), adapter.astype("float32"), r=request.lora_r,
-                             alpha=request.lora_alpha, name=name)
-    return CachedGenerator(inner, base.cache, base.usage)
+        torch.set_num_threads(threads)
+    inner = AdapterGenerator(model, adapter.astype("float32"), r=r, alpha=alpha, name=name, chat=chat,
+                             batch_size=32 if chat else 8)
+    return CachedGenerator(inner, base.cache, base.usage), inner
 
 
 def _hash(adapter) -> str:

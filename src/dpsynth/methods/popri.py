@@ -37,7 +37,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.fs import atomic_write_bytes
 from dpsynth.llm.cache import CachedGenerator
 from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
-from dpsynth.methods.dpft import LOCAL_KINDS, local_gguf_path
+from dpsynth.methods.dpft import LOCAL_KINDS, adapter_generator, local_gguf_path
 from dpsynth.methods.generation import SyntheticSample, generate_samples, plan_counts, zero_shot_requests
 from dpsynth.methods.registry import register
 from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
@@ -270,29 +270,17 @@ class Popri(Method[PopriOptions, PopriState]):
         return digest
 
     def _generator(self, ctx: StepContext, adapter: np.ndarray) -> tuple[CachedGenerator, Any]:
-        from dpsynth.finetune.generator import AdapterGenerator
-
-        (name, base), = ctx.generators.items()
-        threads = self.config.generators[0].threads
-        if threads is not None:
-            import torch
-
-            torch.set_num_threads(threads)
         o = self.options
-        inner = AdapterGenerator(local_gguf_path(self.config), adapter.astype("float32"), r=o.lora_r,
-                                 alpha=o.lora_alpha, name=name, chat=True, batch_size=32)
-        return CachedGenerator(inner, base.cache, base.usage), inner
-
+        return adapter_generator(ctx, local_gguf_path(self.config), adapter, r=o.lora_r, alpha=o.lora_alpha,
+                                 threads=self.config.generators[0].threads, chat=True)
 
 def _check_same_candidates(ctx: StepContext, t: int, candidates: list[SyntheticSample]) -> None:
     """Record which candidates round t scores, before its release; a resumed round must regenerate the same
     texts (from the request cache), or the release saved before the crash would rank other texts."""
     import hashlib
 
-    if ctx.files is None:
-        raise DpsynthError("popri needs the run's method-files directory to keep its adapter")
     digest = hashlib.sha256("\n".join(f"{x.label}\t{x.text}" for x in candidates).encode()).hexdigest()
-    path = ctx.files / f"popri_candidates_round{t}.sha256"
+    path = _method_files(ctx) / f"popri_candidates_round{t}.sha256"
     if path.exists() and path.read_text().strip() != digest:
         raise DpsynthError(f"{path}: round {t} regenerated other candidates than the ones scored before the run "
                            "stopped (was the request cache, DPSYNTH_CACHE, changed?); the saved scores cannot be "
@@ -301,9 +289,13 @@ def _check_same_candidates(ctx: StepContext, t: int, candidates: list[SyntheticS
 
 
 def _adapter_file(ctx: StepContext, digest: str) -> Path:
+    return _method_files(ctx) / f"popri_adapter_{digest}.npy"
+
+
+def _method_files(ctx: StepContext) -> Path:
     if ctx.files is None:
-        raise DpsynthError("popri needs the run's method-files directory to keep its adapter")
-    return ctx.files / f"popri_adapter_{digest}.npy"
+        raise DpsynthError("popri needs the run's method-files directory (checkpoints/method) to resume from")
+    return ctx.files
 
 
 def score_signal_to_noise(noisy: np.ndarray, noise: float) -> float:
