@@ -89,6 +89,7 @@ def _raw(tmp_path: Path, **popri) -> dict:
     ({"generators": [{"kind": "openai", "model": "gpt-4o-mini"}]}, "local GGUF"),
     ({"popri": {"chosen_rank": 3, "rejected_rank": 2}}, "chosen_rank < rejected_rank"),
     ({"popri": {"j": 4, "rejected_rank": 5}}, "rejected_rank <= j"),
+    ({"popri": {"rounds": 0, "scoring": "votes"}}, "use scoring: public"),
     ({"generators": [{"model": "smollm2-135m-instruct", "name": "a"}, {"model": "gemma3-270m", "name": "b"}]},
      "exactly one PLM"),
 ])
@@ -181,3 +182,8 @@ def test_a_resumed_round_must_score_the_candidates_its_release_was_drawn_for(tmp
     other = [SyntheticSample(0, "another text", "a", "p", 0), first[1]]
     with pytest.raises(DpsynthError, match="regenerated other candidates"):
         _check_same_candidates(ctx, 0, other)
+
+
+def test_zero_rounds_is_the_sampling_route_control_at_no_privacy_cost() -> None:
+    plan = plan_for_method("popri", epsilon=4.0, delta=1e-5, options={"rounds": 0, "scoring": "public"})
+    assert plan.schedule.is_empty

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt
 
 from dpsynth.config import RunConfig, records_per_unit
 from dpsynth.errors import DpsynthError
@@ -54,7 +54,8 @@ class PopriOptions(SamplingOptions):
     """The `popri:` section: R rounds of DP-scored preference training of a LoRA adapter, then N samples."""
 
     n: PositiveInt = Field(240, description="final samples from the tuned adapter")
-    rounds: PositiveInt = Field(3, description="R: sample, score, train")
+    rounds: NonNegativeInt = Field(3, description="R: sample, score, train (0 with scoring public: the untuned "
+                                   "model through the adapter's sampling route, a control)")
     prompts: PositiveInt = Field(32, description="preference pairs per round (groups of J candidates)")
     j: int = Field(8, ge=2, description="candidates per group (POPri: 10)")
     chosen_rank: PositiveInt = Field(1, description="rank of the chosen text in its group (1 = best score)")
@@ -96,6 +97,9 @@ class Popri(Method[PopriOptions, PopriState]):
         if config.generators[0].kind not in LOCAL_KINDS:
             raise ValueError(f"popri trains a LoRA adapter of a local GGUF model: generators[0].kind must be one "
                              f"of {LOCAL_KINDS}")
+        if o.rounds == 0 and o.scoring != "public":
+            raise ValueError("popri with rounds: 0 trains nothing and reads no private data: use scoring: public "
+                             "(the sampling-route control) or rounds >= 1")
         if not o.chosen_rank < o.rejected_rank <= o.j:
             raise ValueError(f"popri needs chosen_rank < rejected_rank <= j (got {o.chosen_rank}, "
                              f"{o.rejected_rank}, {o.j})")
