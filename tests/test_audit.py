@@ -148,6 +148,37 @@ def test_audit_refutes_a_method_that_leaks_private_records_into_its_prompts(tmp_
         assert not any(row.split(",")[0] in text for row in private), f"a private record in {name}"
 
 
+def test_person_level_audit_plants_each_canary_as_k_records_of_one_person(tmp_path: Path, _isolated) -> None:
+    """Issue 36: with data.person_column the canaries are persons of k identical records; the real records keep
+    their persons; a leak is still refuted (against the person-level claim), and a DP run is not."""
+    from dpsynth.audit.canaries import plant_canaries
+    from dpsynth.audit.run_audit import _private_with_canaries, run_audit
+    from dpsynth.data.public import task_for
+
+    raw = _config(tmp_path, "test-leaky-fewshot", 1.0)
+    csv = tmp_path / "private.csv"
+    lines = csv.read_text().splitlines()
+    csv.write_text("\n".join([lines[0] + ",who"] + [f"{row},person{i % 7}" for i, row in enumerate(lines[1:])]))
+    raw["data"]["person_column"] = "who"
+    raw["privacy"]["max_records_per_user"] = 3
+    config = parse_config(raw)
+    planted = plant_canaries(task_for(config), 16, 0)
+    rows = [json.loads(line) for line in _private_with_canaries(config, planted, 0).splitlines()]
+    for j, canary in enumerate(planted):
+        mine = [r for r in rows if r["person"] == f"dpsynth-canary-0-{j}"]
+        assert len(mine) == (3 if canary.included else 0) and all(r["text"] == canary.text for r in mine)
+    assert sum(1 for r in rows if r["person"].startswith("person")) == 30  # every real record, unbounded
+
+    result = run_audit(config, tmp_path / "audit", canaries=64)
+    assert result["exceeds_claim"], result["best"]
+    privacy = json.loads((tmp_path / "audit" / "run" / "privacy.json").read_text())
+    assert privacy["assumptions"]["unit"] == "person (<= 3 records)"
+    raw = {**raw, "method": "augpe", "augpe": {"n": 24, "iterations": 3}}
+    raw.pop("test-leaky-fewshot")
+    result = run_audit(parse_config(raw), tmp_path / "audit-dp", canaries=64)
+    assert not result["exceeds_claim"] and result["epsilon_lower_bound"] <= 1.0, result["best"]
+
+
 def test_audit_refuses_replace_adjacency(tmp_path: Path, _isolated) -> None:
     from dpsynth.audit.run_audit import run_audit
 

@@ -56,7 +56,7 @@ def test_federated_single_party_view(parties: str, expected: str) -> None:
 
 def test_user_level() -> None:
     out = _budget("wasp", "--epsilon", "4", "--iterations", "5", "--max-records-per-user", "8")
-    assert "13.06385" in out and "user (<= 8 records)" in out
+    assert "13.06385" in out and "person (<= 8 records)" in out
 
 
 def test_fedgen_budget_shows_each_group_and_what_each_party_adds() -> None:

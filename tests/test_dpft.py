@@ -50,7 +50,7 @@ def _raw(tmp_path: Path, **dpft) -> dict:
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"privacy": {"max_records_per_user": 2}}, "max_records_per_user must be 1"),
+    ({"privacy": {"max_records_per_user": 2}}, "needs data.person_column"),
     ({"generators": [{"kind": "openai", "model": "gpt-4o-mini"}]}, "local GGUF"),
     ({"generators": [{"model": "smollm2-135m-instruct", "name": "a"}, {"model": "gemma3-270m", "name": "b"}]},
      "exactly one PLM"),

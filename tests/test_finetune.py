@@ -160,6 +160,33 @@ def test_each_example_contributes_at_most_the_clip_norm(fresh: tuple[Any, Any, n
     assert all(getattr(p, "summed_grad", None) is None for p in model.parameters())
 
 
+def test_a_persons_examples_are_clipped_together(fresh: tuple[Any, Any, np.ndarray]) -> None:
+    """Person-level DP-SGD (issue 36): the gradients of one person's examples are summed before clipping, so
+    four aligned examples of one person move the sum by one clip norm, not four; two persons by two."""
+    model, tok, init = fresh
+    clip = 1e-3
+    cfg = settings(steps=1, sampling_rate=1.0, noise_multiplier=0.0, clip_norm=clip)
+    norms: list[float] = []
+    for groups in ([0, 0, 0, 0], [0, 0, 1, 1]):
+        load_adapter_vector(model, init)
+        train_adapter(model, tok, [PROMPT] * 4, [TEXTS[0]] * 4, cfg, checkpoint_dir=None,
+                      on_step=lambda _, g: norms.append(g), groups=np.array(groups))
+    assert norms == pytest.approx([clip, 2 * clip], rel=1e-3)
+    with pytest.raises(ValueError, match="one unit per example"):
+        train_adapter(model, tok, [PROMPT] * 4, [TEXTS[0]] * 4, cfg, checkpoint_dir=None, groups=np.array([0]))
+
+
+def test_per_example_gradients_are_summed_per_person() -> None:
+    """What Opacus clips after `sum_per_unit`: one row per person, the sum of that person's rows."""
+    from dpsynth.finetune.dp_adam import sum_per_unit
+
+    units = np.array([0, 0, 1, 2, 2, 2])
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad_sample = torch.tensor([[1.0, 0], [2, 0], [0, 1], [1, 1], [1, 1], [1, 1]])
+    sum_per_unit([p], units)
+    assert torch.equal(p.grad_sample, torch.tensor([[3.0, 0], [0, 1], [3, 3]]))
+
+
 @pytest.mark.slow
 def test_empty_batches_still_add_noise(fresh: tuple[Any, Any, np.ndarray]) -> None:
     model, tok, init = fresh

@@ -64,6 +64,9 @@ class DataConfig(Section):
     corpus: str | None = None
     text_column: str = "text"
     label_column: str = "label"
+    person_column: str | None = Field(
+        None, min_length=1, description="column naming the person each record is about: the unit of privacy "
+        "becomes a person, whose records are bounded to privacy.max_records_per_user before any release")
     m: PositiveInt | None = Field(None, description="with corpus: private samples drawn from its train split")
     test: Path | None = Field(None, description="real labelled test file for evaluation (never used to generate)")
 
@@ -86,7 +89,9 @@ class PrivacyConfig(Section):
     epsilon: float = 4.0
     delta: float = 1e-5
     adjacency: Adjacency = Adjacency.ADD_REMOVE
-    max_records_per_user: PositiveInt = 1
+    max_records_per_user: PositiveInt = Field(
+        1, description="k: records one person may contribute (needs data.person_column; the data holder keeps at "
+        "most k of each person's records, and every sensitivity is that of k records)")
     label_proportions: Literal["uniform", "dp"] | dict[str, float] | None = Field(
         None, description="uniform, public proportions {label: share}, or 'dp' (noisy label counts, accounted); "
         "unset: the method's default (uniform, except DPGA which releases its own DP label histogram)"
@@ -191,10 +196,26 @@ class RunConfig(BaseModel):
         if per_party_files and (self.data.private or self.data.corpus):
             raise ValueError(f"with federated.partition '{self.federated.partition}' the parties' files are the "
                              "private data: remove data.private / data.corpus")
+        self._check_unit_of_privacy()
         names = [g.display_name for g in self.generators]
         if len(set(names)) != len(names):
             raise ValueError(f"generator names must be unique, got {names}; set name: for each")
         return self
+
+    def _check_unit_of_privacy(self) -> None:
+        """k records per person is a promise only a person column lets the data holder keep: without it, a
+        person with more rows than k would get more weight than the ledger assumes."""
+        person, k = self.data.person_column, self.privacy.max_records_per_user
+        if person is not None and self.federated is not None:
+            raise ValueError("data.person_column bounds the records of one central private file; federated runs "
+                             "protect a record or a whole party (federated.unit: party)")
+        if person is not None and self.data.corpus is not None:
+            raise ValueError("data.person_column needs your own file with a person column (data.private); a "
+                             "public corpus has none")
+        if k > 1 and person is None:
+            raise ValueError(f"privacy.max_records_per_user={k} needs data.person_column: the column naming the "
+                             "person of each record, so that the data holder can keep at most that many of each "
+                             "person's records (without it the unit of privacy is one record)")
 
     @property
     def sections(self) -> dict[str, Any]:

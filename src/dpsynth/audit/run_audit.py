@@ -8,6 +8,11 @@ is a release computed from the real private records (plus canaries): its output 
 run it audits, so share `audit.json`, not `run/`. `canaries.jsonl` holds the planted texts, their coins
 and scores (no private record). The audited run resumes like any run: an interrupted audit loses no
 paid-for generation.
+
+Person-level runs (`data.person_column`, k = `privacy.max_records_per_user`): each canary is a person of its
+own with k identical records, the strongest person the run promises to hide, and the real records keep
+their persons (unbounded: the audited run's data holder bounds them like the run's own would). The audit
+then tests the person-level claim.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dpsynth.embed.sentence import SentenceTransformerEmbedder
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, lock_run_dir
 from dpsynth.privacy.accountant import Adjacency
-from dpsynth.private.dataset import load_private
+from dpsynth.private.dataset import load_private, read_private_file
 from dpsynth.runs.config import dump_config, parse_config
 from dpsynth.runs.engine import Run
 
@@ -43,7 +48,8 @@ def _audited_config(config: RunConfig, private_file: Path) -> RunConfig:
     """The same run on the private set with the included canaries (and no evaluation: the audit scores)."""
     task = task_for(config)
     raw = config.model_dump(mode="json")
-    raw["data"] = {"private": str(private_file), "text_column": "text", "label_column": "label"}
+    raw["data"] = {"private": str(private_file), "text_column": "text", "label_column": "label",
+                   **({"person_column": "person"} if config.data.person_column else {})}
     raw["task"] = {"text_kind": task.text_kind, "labels": task.labels, "description": task.description}
     raw["evaluate"] = False
     return parse_config(raw, "audited config")
@@ -51,12 +57,22 @@ def _audited_config(config: RunConfig, private_file: Path) -> RunConfig:
 
 def _private_with_canaries(config: RunConfig, canaries: list[Canary], seed: int) -> str:
     """The real records and every canary shuffled once, then the held-out canaries dropped: the records'
-    order does not depend on the coins, so adding a canary changes nothing but its own presence."""
-    records = load_private(config).records
-    rows = [(t, y, True) for t, y in zip(records.texts, records.labels)] + [(c.text, c.label, c.included)
-                                                                             for c in canaries]
+    order does not depend on the coins, so adding a canary changes nothing but its own presence. With a
+    person column, each canary is k records of a new person."""
+    if config.data.person_column is None:
+        records, persons = load_private(config).records, None
+    else:
+        loaded = read_private_file(config)
+        records, persons = loaded.records, loaded.persons
+    copies = config.privacy.max_records_per_user if persons is not None else 1
+    rows = [(t, y, None if persons is None else persons[i], True)
+            for i, (t, y) in enumerate(zip(records.texts, records.labels))]
+    rows += [(c.text, c.label, None if persons is None else f"dpsynth-canary-{seed}-{j}", c.included)
+             for j, c in enumerate(canaries) for _ in range(copies)]
     order = np.random.default_rng([seed, 0x5EED]).permutation(len(rows))
-    return "".join(json.dumps({"text": rows[i][0], "label": rows[i][1]}) + "\n" for i in order if rows[i][2])
+    return "".join(json.dumps({"text": rows[i][0], "label": rows[i][1],
+                               **({} if rows[i][2] is None else {"person": rows[i][2]})}) + "\n"
+                   for i in order if rows[i][3])
 
 
 def _check_params(out: Path, params: dict[str, Any]) -> None:

@@ -31,7 +31,9 @@ def budget(
     q: int | None = typer.Option(None, "--q", help="WASP's Top-Q."),
     option: list[str] = typer.Option([], "--option", help="Any method option as key=value (repeatable)."),
     label_proportions: str | None = typer.Option(None, "--label-proportions", help="uniform or dp."),
-    max_records_per_user: int = typer.Option(1, "--max-records-per-user", help="User-level DP: records per user."),
+    max_records_per_user: int = typer.Option(
+        1, "--max-records-per-user", help="Person-level DP: records one person may contribute (a run needs "
+        "data.person_column)."),
     parties: int = typer.Option(1, "--parties", help="Federated: number of data parties (secure aggregation)."),
     min_parties: int | None = typer.Option(None, "--min-parties", help="Fewest parties a round may finish with."),
     adjacency: Adjacency = typer.Option(Adjacency.ADD_REMOVE, "--adjacency"),

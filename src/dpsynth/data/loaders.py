@@ -9,6 +9,7 @@ and why; the count never goes into a run's files (it is a count of private recor
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -21,7 +22,26 @@ SUPPORTED = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", 
 
 def load_labelled(path: str | Path, text_column: str = "text", label_column: str = "label") -> LabelledTexts:
     """Load and validate a labelled file; every problem names the file and the fix."""
+    return load_records(path, text_column, label_column).records
+
+
+@dataclass(frozen=True)
+class LoadedRecords:
+    """The labelled texts of a file and, when a person column is read, each record's person id."""
+
+    records: LabelledTexts
+    persons: list[str] | None = None
+
+
+def load_records(path: str | Path, text_column: str = "text", label_column: str = "label",
+                 person_column: str | None = None, *, quiet: bool = False) -> LoadedRecords:
+    """Load and validate a labelled file (and its person column); every problem names the file and the fix."""
     path = Path(path)
+    return records_from_frame(read_table(path), str(path), text_column, label_column, person_column, quiet=quiet)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A CSV/TSV/JSONL/Parquet file as a frame of strings, or a one-line error naming the file."""
     if not path.exists():
         raise DpsynthError(f"{path}: file not found; check the path in your config")
     kind = SUPPORTED.get(path.suffix.lower())
@@ -30,30 +50,39 @@ def load_labelled(path: str | Path, text_column: str = "text", label_column: str
     if path.stat().st_size == 0:
         raise DpsynthError(f"{path}: file is empty; it needs a header and at least one labelled row")
     try:
-        frame = _read(path, kind)
+        return _read(path, kind)
     except UnicodeDecodeError as err:
         raise DpsynthError(f"{path}: not valid UTF-8 ({err.reason} at byte {_first_bad_byte(path, err)}); "
                            "re-save it as UTF-8") from err
     except (ValueError, pd.errors.ParserError, OSError) as err:
         raise DpsynthError(f"{path}: cannot be parsed as {kind} ({str(err).splitlines()[0]})") from err
-    for role, column in (("text", text_column), ("label", label_column)):
+
+
+def records_from_frame(frame: pd.DataFrame, where: str, text_column: str = "text", label_column: str = "label",
+                       person_column: str | None = None, *, quiet: bool = False) -> LoadedRecords:
+    """The rows of `frame` that have every needed value; the others are dropped and counted on the terminal
+    only (unless `quiet`). `where` names the source in messages (a path, or 'the DataFrame')."""
+    roles = [("text", text_column), ("label", label_column)] + ([("person", person_column)] if person_column else [])
+    for role, column in roles:
         if column not in frame.columns:
             raise DpsynthError(
-                f"{path}: {role} column '{column}' not found; columns are: {', '.join(map(str, frame.columns))} "
-                f"(set {role}_column in the config)"
+                f"{where}: {role} column '{column}' not found; columns are: {', '.join(map(str, frame.columns))} "
+                f"(set data.{role}_column in the config)"
             )
-    texts = [_cell(t) for t in frame[text_column]]
-    labels = [_cell(y) for y in frame[label_column]]
-    keep = [i for i, (t, y) in enumerate(zip(texts, labels)) if t and y]
+    cells = {role: [_cell(v) for v in frame[column]] for role, column in roles}
+    keep = [i for i in range(len(frame)) if all(cells[role][i] for role, _ in roles)]
     if not keep:
-        raise DpsynthError(f"{path}: no rows with both a '{text_column}' and a '{label_column}' value")
-    if len(keep) < len(texts):
-        no_text = sum(1 for t in texts if not t)
-        no_label = sum(1 for t, y in zip(texts, labels) if t and not y)
-        print(f"dpsynth: {path}: kept {len(keep)} of {len(texts)} rows; dropped {no_text} with an empty "
-              f"'{text_column}' and {no_label} with an empty '{label_column}' (this count is shown here only)",
-              file=sys.stderr)
-    return LabelledTexts([texts[i] for i in keep], [labels[i] for i in keep])
+        needed = " and ".join(f"'{column}'" for _, column in roles)
+        raise DpsynthError(f"{where}: no rows with a value in each of {needed}")
+    if len(keep) < len(frame) and not quiet:
+        first_missing = [next((c for r, c in roles if not cells[r][i]), None) for i in range(len(frame))]
+        counts = " and ".join(f"{first_missing.count(c)} with an empty '{c}'" for _, c in roles
+                              if c in first_missing)
+        print(f"dpsynth: {where}: kept {len(keep)} of {len(frame)} rows; dropped {counts} (this count is shown "
+              "here only)", file=sys.stderr)
+    records = LabelledTexts([cells["text"][i] for i in keep], [cells["label"][i] for i in keep])
+    persons = [cells["person"][i] for i in keep] if person_column else None
+    return LoadedRecords(records, persons)
 
 
 def _cell(value: object) -> str:

@@ -7,6 +7,11 @@ because the accounting assumes Poisson sampling), Opacus clips each example's gr
 steps on that noisy sum. An empty batch is a valid step: the noise is still added and Adam still
 steps, otherwise the batch size would show in the output.
 
+Person-level DP-SGD (`groups`: each example's person): the Poisson draw is over persons, a sampled
+person brings all of their examples, and the per-example gradients of one person are summed before
+Opacus clips, so each person's whole contribution is clipped to `clip_norm`: the same subsampled
+Gaussian event as the record-level case, with the person as the unit.
+
 Why `expected_batch_size` is not the number of examples: Opacus divides the noisy sum by it for
 `loss_reduction="mean"`, and the number of examples is private. We use `loss_reduction="sum"`
 (expected batch size 1, a public constant): Adam's update m / (sqrt(v) + eps) is invariant to a
@@ -94,17 +99,21 @@ def train_adapter(
     *,
     checkpoint_dir: Path | None,
     on_step: Callable[[int, float], None] | None = None,
+    groups: np.ndarray | None = None,
 ) -> np.ndarray:
     """Train the model's LoRA adapter in place with DP-Adam; returns the trained adapter vector.
 
     Resumes from `checkpoint_dir` when it holds a checkpoint of the same settings, and refuses
     one of other settings. `on_step(step, noisy_grad_norm)` is called after each step (1-based,
-    after that step's checkpoint, if it is a checkpoint step, is written). The model is returned to its own
-    train/eval mode
-    and free of Opacus hooks, even when a step fails.
+    after that step's checkpoint, if it is a checkpoint step, is written). `groups`: each example's unit of
+    privacy as 0..U-1 (a person with several examples); None: every example is its own unit. The model is
+    returned to its own train/eval mode and free of Opacus hooks, even when a step fails.
     """
     if len(prompts) != len(texts):
         raise ValueError("prompts and texts differ in length")
+    units = np.arange(len(prompts)) if groups is None else np.asarray(groups, dtype=np.int64)
+    if len(units) != len(prompts):
+        raise ValueError("groups must give one unit per example")
     params = [p for _, p in trainable_parameters(model)]
     if not params:
         raise DpsynthError("the model has no trainable parameters: add a LoRA adapter first")
@@ -129,11 +138,13 @@ def train_adapter(
     gsm.train()
     try:
         for step in range(start, settings.steps):
-            batch = poisson_batch(len(prompts), settings.sampling_rate, settings.seed, step)
+            sampled = poisson_batch(int(units.max()) + 1 if len(units) else 0, settings.sampling_rate,
+                                    settings.seed, step)
+            batch = np.flatnonzero(np.isin(units, sampled))
             noise.manual_seed(_stream_seed(settings.seed, step, _NOISE))
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(_stream_seed(settings.seed, step, _DROPOUT))
-                grad_norm = _dp_step(gsm, optimizer, params, encoded, batch)
+                grad_norm = _dp_step(gsm, optimizer, params, encoded, batch, units[batch])
             done = step + 1
             if checkpoint is not None and (done % settings.checkpoint_every == 0 or done == settings.steps):
                 _save(checkpoint, settings, model, adam, done)
@@ -151,8 +162,9 @@ def _dp_step(
     params: list[torch.nn.Parameter],
     encoded: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     batch: np.ndarray,
+    batch_units: np.ndarray,
 ) -> float:
-    """One clipped, noised Adam step on `batch`; returns the norm of the noisy gradient sum."""
+    """One clipped, noised Adam step on `batch`, clipped per unit; returns the norm of the noisy gradient sum."""
     optimizer.zero_grad()
     if len(batch) == 0:
         # No forward pass, so no hook sets per-example gradients: an empty set of them lets
@@ -169,9 +181,24 @@ def _dp_step(
             # Opacus' full backward hook only needs the gradient of the module's output.
             warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
             losses.sum().backward()
+        sum_per_unit(params, batch_units)
     optimizer.step()
     with torch.no_grad():
         return float(torch.sqrt(sum(p.grad.pow(2).sum() for p in params)))
+
+
+def sum_per_unit(params: list[torch.nn.Parameter], units: np.ndarray) -> None:
+    """Replace the per-example gradients by per-unit sums (rows of one person added), so that Opacus clips a
+    person's whole contribution; a no-op when every example is its own unit."""
+    _, row_unit = np.unique(units, return_inverse=True)
+    if len(row_unit) == len(np.unique(row_unit)):
+        return
+    index = torch.from_numpy(row_unit.astype(np.int64))
+    count = int(row_unit.max()) + 1
+    for p in params:
+        per_example = p.grad_sample
+        p.grad_sample = torch.zeros((count, *per_example.shape[1:]), dtype=per_example.dtype).index_add_(
+            0, index, per_example)
 
 
 def _unwrap(gsm: GradSampleModule, optimizer: DPOptimizer) -> None:

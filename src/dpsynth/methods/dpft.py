@@ -9,8 +9,9 @@ iteration 0: the data holder trains the adapter on (control prompt of the record
 iteration 1: N samples from the fine-tuned model, label mix from the run's label proportions,
              through the request cache (the model id carries the adapter's hash).
 
-The privacy unit is one record: user-level DP-SGD would need user-level sampling, which this
-method does not implement, so `privacy.max_records_per_user` must be 1.
+The privacy unit is one record, or with `data.person_column` one person: the Poisson draw is then over
+persons and a person's gradients are summed before clipping (`finetune/dp_adam.py`), so the accounted
+event is the same subsampled Gaussian with the person as the unit.
 """
 
 from __future__ import annotations
@@ -78,9 +79,6 @@ class Dpft(Method[DpftOptions, DpftState]):
         super().check_config(config)
         if config.federated is not None:
             raise ValueError("dpft has no federated mode (DP-FedAvg is the resource-adaptive method's stage 1)")
-        if config.privacy.max_records_per_user != 1:
-            raise ValueError("dpft accounts one record per step sample: privacy.max_records_per_user must be 1 "
-                             "(user-level DP-SGD needs user-level sampling)")
         if config.generators[0].kind not in LOCAL_KINDS:
             raise ValueError(f"dpft fine-tunes a local GGUF model: generators[0].kind must be one of {LOCAL_KINDS}")
 
@@ -89,6 +87,9 @@ class Dpft(Method[DpftOptions, DpftState]):
 
     def assumptions(self) -> dict[str, str]:
         o = self.options
+        if self.config.data.person_column is not None:
+            return {"sampler": f"DP-Adam: Poisson sampling of the persons at rate {o.sampling_rate:g}, {o.steps} "
+                    "steps; a sampled person's gradients are summed and clipped together"}
         return {"sampler": f"DP-Adam: Poisson sampling of the records at rate {o.sampling_rate:g}, {o.steps} steps"}
 
     def schedule(self) -> Schedule:

@@ -42,7 +42,7 @@ class Assumptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     adjacency: Adjacency = Adjacency.ADD_REMOVE
-    unit: str = Field("record", description="'record', or 'user (<= m records)' / 'party'")
+    unit: str = Field("record", description="'record', 'person (<= k records)' or 'party (<= n records)'")
     sampler: str = Field("none (every private record votes in every release)")
     trust_model: str = Field("single trusted data party adds all noise")
     delta_convention: str = Field("delta chosen by the user for the whole run (not per iteration)")

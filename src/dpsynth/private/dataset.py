@@ -3,11 +3,21 @@
 The checks that depend on private data (unknown labels, a label with no records, too few
 records, delta not below 1/M) run here, inside the data holder, and their messages never
 state an exact record count.
+
+With `data.person_column` the unit of privacy is a person: before anything else sees the records,
+each person keeps at most k = `privacy.max_records_per_user` of them, so that every release's
+sensitivity (computed for k records) holds for a whole person. Which k are kept is decided per person
+by a keyed hash of that person's own records under a secret salt (OS entropy, or `noise_seed`), so
+adding or removing one person changes no other person's selection: neighbouring data sets stay at
+most k records apart after the bound, which is what the accounting assumes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,23 +25,27 @@ import numpy as np
 
 from dpsynth.config import RunConfig
 from dpsynth.data.corpora import get_corpus, sample_private, split
-from dpsynth.data.loaders import load_labelled
+from dpsynth.data.loaders import LoadedRecords, load_labelled, load_records
 from dpsynth.data.records import LabelledTexts, TaskSpec
 from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
+from dpsynth.privacy.mechanisms import NoiseSource
 from dpsynth.private.holder import CentralHolder
 
 
 @dataclass(frozen=True)
 class PrivateData:
-    """The private records (in memory only) and, for per-party files, each record's party."""
+    """The private records (in memory only) and, for per-party files, each record's party; with a person
+    column, each record's person (an index; the ids themselves are not kept)."""
 
     records: LabelledTexts
     party_of: np.ndarray | None = None
+    person_of: np.ndarray | None = None
 
 
-def load_private(config: RunConfig) -> PrivateData:
-    """The private set: the user's file, per-party files, or M records drawn from a public corpus."""
+def load_private(config: RunConfig, *, quiet: bool = False) -> PrivateData:
+    """The private set: the user's file, per-party files, or M records drawn from a public corpus. `quiet`: say
+    nothing about dropped rows (a check ahead of the load that will say it)."""
     d, fed = config.data, config.federated
     if fed is not None and fed.partition == "nodes":
         # Deployment server: the private data stays at the SuperNodes; they check it themselves.
@@ -43,8 +57,55 @@ def load_private(config: RunConfig) -> PrivateData:
         parts = [load_labelled(Path(f), d.text_column, d.label_column) for f in fed.party_files or []]
         records = LabelledTexts([t for p in parts for t in p.texts], [y for p in parts for y in p.labels])
         return PrivateData(records, np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)]))
+    loaded = read_private_file(config, quiet=quiet)
+    if loaded.persons is None:
+        return PrivateData(loaded.records)
+    k = config.privacy.max_records_per_user
+    bounded = bound_per_person(loaded, k, NoiseSource(config.privacy.noise_seed).stream("person-bound").bytes(32))
+    dropped = len(loaded.records) - len(bounded.records)
+    if dropped and not quiet:
+        cut = int(np.sum(np.bincount(_person_index(loaded.persons)) > k))
+        print(f"dpsynth: {d.private}: kept at most {k} records per person ('{d.person_column}'): dropped {dropped} "
+              f"records of {cut} persons (this count is shown here only)", file=sys.stderr)
+    return bounded
+
+
+def read_private_file(config: RunConfig, *, quiet: bool = False) -> LoadedRecords:
+    """The user's private file as written (with the person ids when data.person_column is set), unbounded:
+    for the holder's own use (the bound is applied by `load_private`)."""
+    d = config.data
     assert d.private is not None
-    return PrivateData(load_labelled(d.private, d.text_column, d.label_column))
+    return load_records(d.private, d.text_column, d.label_column, d.person_column, quiet=quiet)
+
+
+def bound_per_person(loaded: LoadedRecords, k: int, salt: bytes) -> PrivateData:
+    """At most k records of each person: the k whose keyed hash (salt, person, label, text) is smallest, the
+    file's order breaking ties between identical records. A person's selection depends on their own records
+    and the salt only."""
+    if loaded.persons is None:
+        raise ValueError("bound_per_person needs the records' persons")
+    records, persons = loaded.records, loaded.persons
+
+    def key(i: int) -> bytes:
+        row = "\x00".join((persons[i], records.labels[i], records.texts[i])).encode()
+        return hashlib.blake2b(row, key=salt, digest_size=16).digest()
+
+    keys = [key(i) for i in range(len(records))]
+    taken: Counter[str] = Counter()
+    kept: list[int] = []
+    for i in sorted(range(len(records)), key=lambda i: (keys[i], i)):
+        if taken[persons[i]] < k:
+            taken[persons[i]] += 1
+            kept.append(i)
+    kept.sort()  # the file's order, so that nothing downstream sees the hash order
+    index = _person_index(persons)
+    return PrivateData(records.subset(kept), person_of=index[kept])
+
+
+def _person_index(persons: list[str]) -> np.ndarray:
+    """Each record's person as 0..P-1 (first appearance order)."""
+    ids: dict[str, int] = {}
+    return np.array([ids.setdefault(p, len(ids)) for p in persons], dtype=np.int64)
 
 
 def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_records: tuple[int, str]) -> None:
@@ -62,11 +123,12 @@ def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_r
     if missing:
         raise DpsynthError(
             f"{where}: label(s) {missing} have no private samples; remove them from task.labels or add data")
-    if len(set(zip(private.texts, private.labels))) < len(private):
+    if config.data.person_column is None and len(set(zip(private.texts, private.labels))) < len(private):
         # the exact number stays unsaid: it is a count of private records
         logging.getLogger("dpsynth").warning(
             "%s holds duplicate rows: the guarantee is per record, so a person with several identical rows is "
-            "protected only as well as that many records; remove duplicates or set privacy.max_records_per_user",
+            "protected only as well as that many records; remove duplicates, or give data.person_column and "
+            "privacy.max_records_per_user",
             where)
     m = len(private)
     if m < min_records[0]:
@@ -81,9 +143,8 @@ def open_central_holder(config: RunConfig, task: TaskSpec, *, min_records: tuple
                         embedder: Embedder, **kw) -> CentralHolder:
     """Load and check the private records (before any budget is spent) and hold them; `load=False`
     for runs that never touch private data (no record is read)."""
-    records = LabelledTexts([], [])
+    data = PrivateData(LabelledTexts([], []))
     if load:
         data = load_private(config)
         check_private(config, data, task, min_records=min_records)
-        records = data.records
-    return CentralHolder(records, task.label_names, embedder, **kw)
+    return CentralHolder(data.records, task.label_names, embedder, persons=data.person_of, **kw)

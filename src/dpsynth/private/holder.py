@@ -160,9 +160,13 @@ class CentralHolder(ReleasingHolder):
     lazily (its first use is the first vote).
     """
 
-    def __init__(self, private: LabelledTexts, label_names: list[str], embedder: Embedder, **kw) -> None:
+    def __init__(self, private: LabelledTexts, label_names: list[str], embedder: Embedder, *,
+                 persons: np.ndarray | None = None, **kw) -> None:
+        """`persons`: each record's person (0..P-1) when the unit of privacy is a person (records already
+        bounded to k per person); DP-SGD then samples and clips persons, not records."""
         super().__init__(**kw)
         self.__private = private
+        self.__persons = persons
         self.__labels = private.label_ids(label_names)
         self.__embedder = embedder
         self.__embeddings: np.ndarray | None = None
@@ -221,7 +225,7 @@ class CentralHolder(ReleasingHolder):
             report = None if on_step is None else self._step_report(r, value, on_step)
             return train_on_records(request, list(self.__private.texts), list(self.__private.labels),
                                     noise_multiplier=value, seed=seed, work_dir=self.store.work_dir(r.name),
-                                    on_step=report)
+                                    on_step=report, groups=self.__persons)
 
         adapter = self._release(release, draw)
         self.diagnostics.pop(self.schedule.get(*release).name, None)  # weights are not counts: no signal/noise

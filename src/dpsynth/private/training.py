@@ -20,8 +20,10 @@ from dpsynth.finetune.request import AdapterTraining
 
 def train_on_records(request: AdapterTraining, texts: list[str], labels: list[str], *, noise_multiplier: float,
                      seed: int, work_dir: Path | None,
-                     on_step: Callable[[int, float], None] | None = None) -> np.ndarray:
-    """The LoRA adapter of `request.model` trained with DP-Adam on (control prompt of label, text)."""
+                     on_step: Callable[[int, float], None] | None = None,
+                     groups: np.ndarray | None = None) -> np.ndarray:
+    """The LoRA adapter of `request.model` trained with DP-Adam on (control prompt of label, text); `groups`:
+    each record's person, for person-level sampling and clipping."""
     import torch
 
     if request.threads is not None:
@@ -36,5 +38,6 @@ def train_on_records(request: AdapterTraining, texts: list[str], labels: list[st
                              checkpoint_every=1)  # every step whose noisy norm was shown is saved: a resume
     # after Ctrl-C never redoes (with fresh secret randomness) a step whose output was already seen
     prompts = [request.prompts[label] for label in labels]
-    vector = train_adapter(model, tokenizer, prompts, texts, settings, checkpoint_dir=work_dir, on_step=on_step)
+    vector = train_adapter(model, tokenizer, prompts, texts, settings, checkpoint_dir=work_dir, on_step=on_step,
+                          groups=groups)
     return np.asarray(vector, dtype=np.float64)

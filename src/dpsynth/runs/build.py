@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpsynth.config import GeneratorConfig, RunConfig
+from dpsynth.data.public import task_for
 from dpsynth.data.records import TaskSpec
 from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
@@ -18,7 +19,7 @@ from dpsynth.llm.cache import CachedGenerator, RequestCache
 from dpsynth.llm.registry import build_generator
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource
-from dpsynth.private.dataset import open_central_holder
+from dpsynth.private.dataset import check_private, load_private, open_central_holder
 from dpsynth.private.holder import DataHolder, ReleasingHolder
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.runs.planning import PrivacyPlan
@@ -51,9 +52,23 @@ def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyL
         from dpsynth.federated.holder import FederatedHolder
 
         return FederatedHolder(config.federated, plan.clip_delta, groups=method.party_groups(), **common)
-    reads = method.uses_private_data or method.label_release() is not None or config.resample is not None
-    return open_central_holder(config, task, min_records=method.min_private_records(), load=reads,
+    return open_central_holder(config, task, min_records=method.min_private_records(), load=reads_private(plan),
                                embedder=embedder, **common)
+
+
+def reads_private(plan: PrivacyPlan) -> bool:
+    method, config = plan.method, plan.config
+    return method.uses_private_data or method.label_release() is not None or config.resample is not None
+
+
+def check_before_start(plan: PrivacyPlan) -> None:
+    """What the run will find wrong with the task or the user's private file, found before its directory exists
+    (issue 33): the data holder's own load and checks, run once ahead and kept nowhere."""
+    config = plan.config
+    task = task_for(config)
+    plan.method.check_task(task)
+    if config.data.private is not None and config.federated is None and reads_private(plan):
+        check_private(config, load_private(config, quiet=True), task, min_records=plan.method.min_private_records())
 
 
 def label_shares(config: RunConfig, task: TaskSpec, holder: DataHolder,

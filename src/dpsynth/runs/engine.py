@@ -32,7 +32,7 @@ from dpsynth.privacy.report import summary_lines
 from dpsynth.private.holder import HolderRequests, ReleasingHolder
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.runs import outputs
-from dpsynth.runs.build import build_generators, build_holder, label_shares, prices
+from dpsynth.runs.build import build_generators, build_holder, check_before_start, label_shares, prices
 from dpsynth.runs.config import dump_config, load_config
 from dpsynth.runs.planning import PrivacyPlan, plan_privacy
 
@@ -80,6 +80,7 @@ class Run:
         # settings that fail without spending fail before the run directory exists: nothing is left behind
         ensure_writable_dir(cache_dir())
         check_embedder_available(config.embedder)
+        check_before_start(plan_privacy(config))
         run = cls(config, d.root, **kw)  # takes the directory's lock before looking at what it holds
         if d.is_started():
             run.close()

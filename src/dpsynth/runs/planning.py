@@ -140,7 +140,8 @@ class PrivacyPlan:
         p, fed = self.config.privacy, self.config.federated
         records = records_per_unit(self.config)
         if fed is None:
-            unit = "record" if records == 1 else f"user (<= {records} records)"
+            person = self.config.data.person_column  # the data holder bounds each person to k records
+            unit = "record" if person is None else f"person (<= {records} records)"
             return Assumptions(adjacency=p.adjacency, unit=unit)
         unit = f"party (<= {records} records)" if fed.unit == "party" else "record"
         if fed.aggregation == "secagg+":
@@ -176,7 +177,9 @@ def plan_for_method(method: str, *, epsilon: float = math.inf, delta: float = 1e
 
     raw: dict = {
         "method": method,
-        "data": {"corpus": "(planning: no data is read)", "m": 1},
+        "data": ({"corpus": "(planning: no data is read)", "m": 1} if max_records_per_user == 1 else
+                 {"private": "(planning: no data is read)", "person_column": "person"}),
+        **({} if max_records_per_user == 1 else {"task": {"text_kind": "(planning)", "labels": {"a": "(planning)"}}}),
         "generators": [{"model": "(planning)"}],
         method: dict(options or {}),
         "privacy": {"epsilon": epsilon, "delta": delta, "adjacency": adjacency,

@@ -1,0 +1,142 @@
+"""Person-level DP (issue 36): the data holder bounds each person to k records, every release's sensitivity is
+that of k records, and settings that cannot keep the promise are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpsynth.data.loaders import LoadedRecords, load_records
+from dpsynth.data.records import LabelledTexts
+from dpsynth.errors import DpsynthError
+from dpsynth.privacy.sensitivity import vote_sensitivity
+from dpsynth.private.dataset import bound_per_person, load_private
+from dpsynth.runs.config import parse_config
+from dpsynth.runs.planning import plan_privacy
+from dpsynth.voting.spec import VoteSpec, compute_votes
+
+SALT = b"s" * 32
+
+
+def _people(rng: np.random.Generator, sizes: list[int], labels: int = 2) -> LoadedRecords:
+    """Persons p0, p1, ... with the given numbers of records; record i's text is 'r<i>' (its embedding row)."""
+    persons = [f"p{p}" for p, size in enumerate(sizes) for _ in range(size)]
+    n = len(persons)
+    return LoadedRecords(LabelledTexts([f"r{i}" for i in range(n)], [str(y) for y in rng.integers(0, labels, n)]),
+                         persons)
+
+
+def _without(loaded: LoadedRecords, person: str) -> LoadedRecords:
+    keep = [i for i, p in enumerate(loaded.persons or []) if p != person]
+    return LoadedRecords(loaded.records.subset(keep), [loaded.persons[i] for i in keep])
+
+
+def _rows(records: LabelledTexts) -> set[tuple[str, str]]:
+    return set(zip(records.texts, records.labels))
+
+
+def test_bound_keeps_at_most_k_of_each_person_whatever_the_others() -> None:
+    """A person's selection depends on their own records and the salt only: removing another person changes
+    nothing else, which keeps neighbouring data sets at most k records apart after the bound."""
+    rng = np.random.default_rng(0)
+    loaded = _people(rng, [5, 1, 3, 7, 2])
+    bounded = bound_per_person(loaded, 2, SALT)
+    assert np.bincount(bounded.person_of).max() == 2 and len(bounded.records) == 2 + 1 + 2 + 2 + 2
+    assert bounded.records.texts == sorted(bounded.records.texts, key=lambda t: int(t[1:]))  # the file's order
+    for person in sorted(set(loaded.persons or [])):
+        smaller = bound_per_person(_without(loaded, person), 2, SALT)
+        mine = {t for t, p in zip(loaded.records.texts, loaded.persons or []) if p == person}
+        assert _rows(smaller.records) == {r for r in _rows(bounded.records) if r[0] not in mine}
+    assert _rows(bound_per_person(loaded, 2, SALT).records) == _rows(bounded.records)  # same salt, same choice
+    others = [_rows(bound_per_person(loaded, 2, bytes([b]) * 32).records) for b in range(8)]
+    assert len({frozenset(x) for x in others}) > 1  # the salt decides which k
+
+
+@pytest.mark.parametrize("spec", [VoteSpec(kind="wasp", q=2), VoteSpec(kind="rank", weights=(1.0, 0.5)),
+                                  VoteSpec(kind="label_counts"), VoteSpec(kind="popri"),
+                                  VoteSpec(kind="embedding_sums")], ids=lambda s: s.kind)
+@pytest.mark.parametrize("k", [1, 3])
+def test_brute_force_over_neighbours_that_differ_in_one_person(spec: VoteSpec, k: int) -> None:
+    """For every person: ||votes(bound(D)) - votes(bound(D without that person))|| <= the k-record sensitivity,
+    with persons holding more than k records (one of them k+2 identical ones, the worst case). Without the
+    bound that person alone would move the votes by more."""
+    rng = np.random.default_rng(k)
+    loaded = _people(rng, [k + 2, 1, 2, k + 3, 1, 4])
+    n, d = len(loaded.records), 5
+    emb = rng.normal(size=(n, d))
+    heavy = [i for i, p in enumerate(loaded.persons or []) if p == "p0"]
+    emb[heavy] = emb[heavy[0]]  # one person, k + 2 identical records: all of their votes agree
+    labels = loaded.records.labels
+    for i in heavy:
+        labels[i] = labels[heavy[0]]
+    labels_n = 2
+    if spec.kind in ("label_counts", "embedding_sums"):
+        cand, cand_labels = np.zeros((labels_n, d if spec.kind == "embedding_sums" else 1)), np.arange(labels_n)
+    else:
+        cand, cand_labels = rng.normal(size=(12, d)), rng.integers(0, labels_n, 12)
+
+    def votes(data: LoadedRecords, bound: bool) -> np.ndarray:
+        records = bound_per_person(data, k, SALT).records if bound else data.records
+        rows = [int(t[1:]) for t in records.texts]
+        return compute_votes(spec, emb[rows], np.array([int(y) for y in records.labels]), cand, cand_labels)
+
+    bound = vote_sensitivity(spec, max_records_per_user=k)
+    worst = max(float(np.linalg.norm(votes(loaded, True) - votes(_without(loaded, p), True)))
+                for p in sorted(set(loaded.persons or [])))
+    assert worst <= bound + 1e-9
+    unbounded = float(np.linalg.norm(votes(loaded, False) - votes(_without(loaded, "p0"), False)))
+    if spec.kind in ("label_counts", "popri", "embedding_sums"):
+        assert worst == pytest.approx(bound)  # attained by the person with identical records
+        assert unbounded > bound + 0.5  # the bound is what keeps the promise
+
+
+def _file(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    import pandas as pd
+
+    path = tmp_path / "private.csv"
+    pd.DataFrame(rows, columns=["text", "label", "patient"]).to_csv(path, index=False)
+    return path
+
+
+def _config(tmp_path: Path, path: Path, **privacy) -> dict:
+    return {"method": "augpe", "data": {"private": str(path), "person_column": "patient"},
+            "task": {"text_kind": "note", "labels": {"a": "an a note", "b": "a b note"}},
+            "generators": [{"model": "smollm2-135m-instruct"}],
+            "privacy": {"delta": 1e-3, "noise_seed": 1, **privacy}}
+
+
+def test_the_holder_bounds_at_load_and_the_plan_states_the_person(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    rows = [(f"note {i}", "ab"[i % 2], f"patient{i % 4}") for i in range(20)] + [("lonely", "a", "")]
+    config = parse_config(_config(tmp_path, _file(tmp_path, rows), max_records_per_user=3))
+    data = load_private(config)
+    assert len(data.records) == 12 and np.bincount(data.person_of).tolist() == [3, 3, 3, 3]
+    err = capsys.readouterr().err
+    assert "dropped 1 with an empty 'patient'" in err
+    assert "kept at most 3 records per person ('patient'): dropped 8 records of 4 persons" in err
+    plan = plan_privacy(config)
+    assert plan.assumptions().unit == "person (<= 3 records)"
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"data": {"person_column": None}, "privacy": {"max_records_per_user": 2}}, "needs data.person_column"),
+    ({"data": {"private": None, "corpus": "trec", "m": 50}, "privacy": {}},
+     "a public corpus has none"),
+    ({"federated": {"parties": 2, "partition": "iid"}, "privacy": {}}, "federated runs"),
+    ({"data": {"person_column": ""}, "privacy": {}}, "person_column"),
+])
+def test_settings_that_cannot_keep_the_person_promise_are_refused(change: dict, message: str,
+                                                                  tmp_path: Path) -> None:
+    raw = _config(tmp_path, tmp_path / "x.csv")
+    for key, value in change.items():
+        raw[key] = {k: v for k, v in {**raw.get(key, {}), **value}.items() if v is not None}
+    with pytest.raises(DpsynthError, match=message):
+        parse_config(raw)
+
+
+def test_a_missing_person_column_names_the_columns(tmp_path: Path) -> None:
+    path = _file(tmp_path, [("x", "a", "p")])
+    with pytest.raises(DpsynthError, match=r"person column 'person' not found; columns are: text, label, patient"):
+        load_records(path, person_column="person")
