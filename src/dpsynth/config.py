@@ -60,7 +60,12 @@ class GeneratorConfig(Section):
 class DataConfig(Section):
     """Private data: the user's file, or a public corpus standing in for it (demo, benchmarks)."""
 
-    private: Path | None = None
+    private: Path | None = Field(None, description="your labelled file (CSV, TSV, JSONL, Parquet) or a directory "
+                                 "written by datasets' save_to_disk")
+    hub: str | None = Field(None, description="a Hugging Face Hub dataset id (online), read with datasets")
+    split: str = Field("train", description="the split of a DatasetDict directory or Hub dataset")
+    in_memory: bool = Field(False, description="the records are given in Python (dpsynth.synthesize(private=...)); "
+                            "a resume must give them again")
     corpus: str | None = None
     text_column: str = "text"
     label_column: str = "label"
@@ -72,11 +77,24 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:
-        if self.private is not None and self.corpus is not None:
-            raise ValueError("give one of data.private (your file) or data.corpus (a public corpus), not both")
+        given = [name for name, value in (("data.private", self.private), ("data.hub", self.hub),
+                                          ("data.in_memory", self.in_memory or None), ("data.corpus", self.corpus))
+                 if value is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one source of private data, not {' and '.join(given)}")
         if self.corpus is not None and self.m is None:
             raise ValueError("data.m (number of private samples) is required with data.corpus")
         return self
+
+
+    @property
+    def has_source(self) -> bool:
+        return self.private is not None or self.hub is not None or self.in_memory or self.corpus is not None
+
+    @property
+    def own(self) -> bool:
+        """The user's own records (a file, a datasets directory, the Hub, or given in Python), not a corpus."""
+        return self.has_source and self.corpus is None
 
 
 class TaskConfig(Section):
@@ -190,10 +208,10 @@ class RunConfig(BaseModel):
         if self.task is None and self.data.corpus is None:
             raise ValueError("task (text_kind and labels) is required for your own data")
         per_party_files = self.federated is not None and self.federated.partition in ("files", "nodes")
-        if self.data.private is None and self.data.corpus is None and not per_party_files:
-            raise ValueError("give data.private (your file), data.corpus (a public corpus), "
-                             "or federated.party_files")
-        if per_party_files and (self.data.private or self.data.corpus):
+        if not self.data.has_source and not per_party_files:
+            raise ValueError("give data.private (your file or datasets directory), data.hub (a Hub dataset), "
+                             "data.corpus (a public corpus), or federated.party_files")
+        if per_party_files and self.data.has_source:
             raise ValueError(f"with federated.partition '{self.federated.partition}' the parties' files are the "
                              "private data: remove data.private / data.corpus")
         self._check_unit_of_privacy()

@@ -12,6 +12,7 @@ from dpsynth.cli.audit import audit
 from dpsynth.cli.bench import bench
 from dpsynth.cli.budget import budget
 from dpsynth.cli.evaluate import evaluate
+from dpsynth.cli.export import export
 from dpsynth.cli.party import party_ledger
 from dpsynth.cli.report import report
 from dpsynth.cli.runs import demo, run
@@ -54,6 +55,7 @@ _typer_app.command("eval")(evaluate)
 _typer_app.command("bench")(bench)
 _typer_app.command("audit")(audit)
 _typer_app.command("report")(report)
+_typer_app.command("export")(export)
 _typer_app.command("party-ledger")(party_ledger)
 
 

@@ -20,13 +20,15 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dpsynth.config import RunConfig
 from dpsynth.data.corpora import get_corpus, sample_private, split
-from dpsynth.data.loaders import LoadedRecords, load_labelled, load_records
+from dpsynth.data.loaders import LoadedRecords, load_labelled
 from dpsynth.data.records import LabelledTexts, TaskSpec
+from dpsynth.data.sources import GIVEN, load_source
 from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
 from dpsynth.privacy.mechanisms import NoiseSource
@@ -43,9 +45,10 @@ class PrivateData:
     person_of: np.ndarray | None = None
 
 
-def load_private(config: RunConfig, *, quiet: bool = False) -> PrivateData:
-    """The private set: the user's file, per-party files, or M records drawn from a public corpus. `quiet`: say
-    nothing about dropped rows (a check ahead of the load that will say it)."""
+def load_private(config: RunConfig, *, quiet: bool = False, given: Any = None) -> PrivateData:
+    """The private set: the user's file or datasets directory, a Hub dataset, the records `given` in Python
+    (DataFrame or Dataset, with data.in_memory), per-party files, or M records drawn from a public corpus.
+    `quiet`: say nothing about dropped rows (a check ahead of the load that will say it)."""
     d, fed = config.data, config.federated
     if fed is not None and fed.partition == "nodes":
         # Deployment server: the private data stays at the SuperNodes; they check it themselves.
@@ -57,7 +60,7 @@ def load_private(config: RunConfig, *, quiet: bool = False) -> PrivateData:
         parts = [load_labelled(Path(f), d.text_column, d.label_column) for f in fed.party_files or []]
         records = LabelledTexts([t for p in parts for t in p.texts], [y for p in parts for y in p.labels])
         return PrivateData(records, np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)]))
-    loaded = read_private_file(config, quiet=quiet)
+    loaded = read_private_file(config, quiet=quiet, given=given)
     if loaded.persons is None:
         return PrivateData(loaded.records)
     k = config.privacy.max_records_per_user
@@ -65,17 +68,31 @@ def load_private(config: RunConfig, *, quiet: bool = False) -> PrivateData:
     dropped = len(loaded.records) - len(bounded.records)
     if dropped and not quiet:
         cut = int(np.sum(np.bincount(_person_index(loaded.persons)) > k))
-        print(f"dpsynth: {d.private}: kept at most {k} records per person ('{d.person_column}'): dropped {dropped} "
-              f"records of {cut} persons (this count is shown here only)", file=sys.stderr)
+        print(f"dpsynth: {source_name(config)}: kept at most {k} records per person ('{d.person_column}'): "
+              f"dropped {dropped} records of {cut} persons (this count is shown here only)", file=sys.stderr)
     return bounded
 
 
-def read_private_file(config: RunConfig, *, quiet: bool = False) -> LoadedRecords:
-    """The user's private file as written (with the person ids when data.person_column is set), unbounded:
+def read_private_file(config: RunConfig, *, quiet: bool = False, given: Any = None) -> LoadedRecords:
+    """The user's private records as written (with the person ids when data.person_column is set), unbounded:
     for the holder's own use (the bound is applied by `load_private`)."""
     d = config.data
-    assert d.private is not None
-    return load_records(d.private, d.text_column, d.label_column, d.person_column, quiet=quiet)
+    if d.in_memory and given is None:
+        raise DpsynthError("data.in_memory: this run's private records were given in Python; give them again "
+                           "(dpsynth.synthesize(config, private=..., resume=True))")
+    return load_source(path=d.private, hub=d.hub, given=given if d.in_memory else None, split=d.split,
+                       text_column=d.text_column, label_column=d.label_column, person_column=d.person_column,
+                       quiet=quiet)
+
+
+def source_name(config: RunConfig) -> str:
+    """How messages name the private data (never a count or a record)."""
+    d = config.data
+    if d.corpus is not None:
+        return f"corpus {d.corpus}"
+    if d.hub is not None:
+        return f"Hub dataset {d.hub}"
+    return GIVEN if d.in_memory else str(d.private)
 
 
 def bound_per_person(loaded: LoadedRecords, k: int, salt: bytes) -> PrivateData:
@@ -113,7 +130,7 @@ def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_r
     fed = config.federated
     if fed is not None and fed.partition == "nodes":
         return
-    where = config.data.private or f"corpus {config.data.corpus}"
+    where = source_name(config)
     private = data.records
     unknown = sorted(set(private.labels) - set(task.labels))
     if unknown:
@@ -140,11 +157,11 @@ def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_r
 
 
 def open_central_holder(config: RunConfig, task: TaskSpec, *, min_records: tuple[int, str], load: bool,
-                        embedder: Embedder, **kw) -> CentralHolder:
+                        embedder: Embedder, given: Any = None, **kw) -> CentralHolder:
     """Load and check the private records (before any budget is spent) and hold them; `load=False`
     for runs that never touch private data (no record is read)."""
     data = PrivateData(LabelledTexts([], []))
     if load:
-        data = load_private(config)
+        data = load_private(config, given=given)
         check_private(config, data, task, min_records=min_records)
     return CentralHolder(data.records, task.label_names, embedder, persons=data.person_of, **kw)

@@ -6,6 +6,8 @@ the loop it is, and a test can build the same parts without running anything.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from dpsynth.config import GeneratorConfig, RunConfig
@@ -42,9 +44,10 @@ def build_generators(config: RunConfig, usage: dict[str, Usage]) -> dict[str, Ca
 
 
 def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyLedger, store: ReleaseStore,
-                 task: TaskSpec, embedder: Embedder) -> ReleasingHolder:
+                 task: TaskSpec, embedder: Embedder, given: Any = None) -> ReleasingHolder:
     """The central holder (it loads and checks the private records), or for a `federated:` run the holder
-    whose releases the parties compute (in a simulation they load their shards when it starts)."""
+    whose releases the parties compute (in a simulation they load their shards when it starts). `given`: the
+    records handed over in Python (data.in_memory)."""
     config, method = plan.config, plan.method
     common = dict(ledger=ledger, noise=NoiseSource(config.privacy.noise_seed), schedule=plan.schedule, knobs=knobs,
                   store=store)
@@ -53,7 +56,7 @@ def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyL
 
         return FederatedHolder(config.federated, plan.clip_delta, groups=method.party_groups(), **common)
     return open_central_holder(config, task, min_records=method.min_private_records(), load=reads_private(plan),
-                               embedder=embedder, **common)
+                               embedder=embedder, given=given, **common)
 
 
 def reads_private(plan: PrivacyPlan) -> bool:
@@ -61,14 +64,15 @@ def reads_private(plan: PrivacyPlan) -> bool:
     return method.uses_private_data or method.label_release() is not None or config.resample is not None
 
 
-def check_before_start(plan: PrivacyPlan) -> None:
+def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
     """What the run will find wrong with the task or the user's private file, found before its directory exists
     (issue 33): the data holder's own load and checks, run once ahead and kept nowhere."""
     config = plan.config
     task = task_for(config)
     plan.method.check_task(task)
-    if config.data.private is not None and config.federated is None and reads_private(plan):
-        check_private(config, load_private(config, quiet=True), task, min_records=plan.method.min_private_records())
+    if config.data.own and config.federated is None and reads_private(plan):
+        check_private(config, load_private(config, quiet=True, given=given), task,
+                      min_records=plan.method.min_private_records())
 
 
 def label_shares(config: RunConfig, task: TaskSpec, holder: DataHolder,

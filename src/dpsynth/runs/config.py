@@ -19,6 +19,11 @@ from dpsynth.methods.registry import method_class, method_names
 
 
 def load_config(path: Path) -> RunConfig:
+    return parse_config(read_config(path), str(path))
+
+
+def read_config(path: Path) -> dict:
+    """A config file's YAML mapping, unvalidated (one-line errors for a missing file or bad YAML)."""
     path = Path(path)
     if not path.is_file():
         raise DpsynthError(f"{path}: config file not found")
@@ -28,7 +33,7 @@ def load_config(path: Path) -> RunConfig:
         raise DpsynthError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
     if not isinstance(raw, dict):
         raise DpsynthError(f"{path}: a run config is a YAML mapping of sections (data, generators, ...)")
-    return parse_config(raw, str(path))
+    return raw
 
 
 def parse_config(raw: dict, where: str = "config") -> RunConfig:

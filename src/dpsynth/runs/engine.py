@@ -58,8 +58,12 @@ class _Live:
 class Run:
     """Executes (or resumes) one run of `config.method` in `run_dir`."""
 
-    def __init__(self, config: RunConfig, run_dir: Path, *, progress: Progress | None = None) -> None:
+    def __init__(self, config: RunConfig, run_dir: Path, *, progress: Progress | None = None,
+                 private: Any = None) -> None:
+        """`private`: the records as a pandas DataFrame or datasets Dataset, for a config with data.in_memory
+        (held for the data holder only; never written)."""
         self.config = config
+        self._given = private
         self.dir = RunDir(run_dir)
         self._lock = lock_run_dir(self.dir)  # one process per run directory, until execute() returns
         self.progress = progress
@@ -80,7 +84,7 @@ class Run:
         # settings that fail without spending fail before the run directory exists: nothing is left behind
         ensure_writable_dir(cache_dir())
         check_embedder_available(config.embedder)
-        check_before_start(plan_privacy(config))
+        check_before_start(plan_privacy(config), kw.get("private"))
         run = cls(config, d.root, **kw)  # takes the directory's lock before looking at what it holds
         if d.is_started():
             run.close()
@@ -175,7 +179,8 @@ class Run:
                 usage[name] = Usage(**u)
         t0 = time.perf_counter()
         embedder = LazyEmbedder(cfg.embedder)  # loads at its first use, after the cheap checks below
-        holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, task=task, embedder=embedder)
+        holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, task=task, embedder=embedder,
+                              given=self._given)
         generators = build_generators(cfg, usage)  # a bad model file or key fails before any model loads
         # A federated run's private label proportions are a round of the federation, which starts later.
         shares = (saved["label_shares"] if saved is not None else {} if cfg.federated is not None
@@ -313,6 +318,7 @@ class Run:
         outputs.write_synthetic(self.dir, samples)
         description = self.plan.describe(live.knobs)
         report = outputs.write_privacy(self.dir, live.ledger, live.holder.noise.mode, description)
+        outputs.write_card(self.dir, cfg, ctx.task, report, samples)
         evaluation = None
         if cfg.evaluate and live.test is not None:
             ctx.phase("evaluation on the real test split", 0)

@@ -1,4 +1,5 @@
-"""What a finished run writes: synthetic.jsonl, privacy.json (checked before release), metrics.json."""
+"""What a finished run writes: synthetic.jsonl and synthetic.parquet, privacy.json (checked before release),
+README.md (the dataset card with the privacy statement), metrics.json."""
 
 from __future__ import annotations
 
@@ -7,24 +8,43 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from dpsynth.data.records import LabelledTexts
+from dpsynth.config import RunConfig
+from dpsynth.data.records import LabelledTexts, TaskSpec
 from dpsynth.embed.sentence import Embedder, test_set_embedder
 from dpsynth.evaluate.downstream import probe_scores
-from dpsynth.fs import RunDir, atomic_write_text
+from dpsynth.fs import RunDir, atomic_write_bytes, atomic_write_text
 from dpsynth.llm.base import Usage
 from dpsynth.methods.base import StepContext
 from dpsynth.methods.generation import SyntheticSample
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import privacy_report, write_privacy_report
+from dpsynth.runs.card import PARQUET, dataset_card
 
 # time inside the data holder's releases, which depends on the private set's size
 PRIVATE_TIMINGS = ("voting", "training")
 
 
 def write_synthetic(run_dir: RunDir, samples: list[SyntheticSample]) -> None:
-    lines = [json.dumps({"text": x.text, "label": x.label, "plm": x.plm, "iteration": x.iteration})
-             for x in samples]
-    atomic_write_text(run_dir.synthetic, "".join(line + "\n" for line in lines))
+    rows = [{"text": x.text, "label": x.label, "plm": x.plm, "iteration": x.iteration} for x in samples]
+    atomic_write_text(run_dir.synthetic, "".join(json.dumps(row) + "\n" for row in rows))
+    atomic_write_bytes(run_dir.root / PARQUET, parquet_bytes(rows))
+
+
+def parquet_bytes(rows: list[dict[str, Any]]) -> bytes:
+    """The synthetic rows as a Parquet file (columns text, label, plm, iteration)."""
+    import io
+
+    import pandas as pd
+
+    buf = io.BytesIO()
+    frame = pd.DataFrame(rows, columns=["text", "label", "plm", "iteration"]).astype({"iteration": "int64"})
+    frame.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def write_card(run_dir: RunDir, config: RunConfig, task: TaskSpec, report: dict,
+               samples: list[SyntheticSample]) -> None:
+    atomic_write_text(run_dir.root / "README.md", dataset_card(config, task, report, [x.label for x in samples]))
 
 
 def write_privacy(run_dir: RunDir, ledger: PrivacyLedger, noise_mode: str, plan: dict | None) -> dict:
