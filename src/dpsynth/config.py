@@ -73,7 +73,8 @@ class DataConfig(Section):
         None, min_length=1, description="column naming the person each record is about: the unit of privacy "
         "becomes a person, whose records are bounded to privacy.max_records_per_user before any release")
     m: PositiveInt | None = Field(None, description="with corpus: private samples drawn from its train split")
-    test: Path | None = Field(None, description="real labelled test file for evaluation (never used to generate)")
+    test: Path | None = Field(None, description="real labelled test file for evaluation (never used to generate), "
+                              "or corpus:NAME for a public corpus' test split")
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:

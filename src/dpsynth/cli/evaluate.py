@@ -7,8 +7,6 @@ from pathlib import Path
 
 import typer
 
-from dpsynth.data.records import LabelledTexts
-
 
 class Classifier(str, Enum):
     probe = "probe"
@@ -25,10 +23,11 @@ def evaluate(
     mauve: bool = typer.Option(True, "--mauve/--no-mauve"),
 ) -> None:
     """Downstream accuracy, FID, MAUVE, precision/recall and diversity; writes RUN_DIR/eval.json."""
+    from dpsynth.data.public import test_set as load_test_set
     from dpsynth.evaluate.run_eval import evaluate_run, load_run, summary_rows
 
     _, rows = load_run(run_dir)  # check the run (config.yaml, synthetic.jsonl) before loading any model
-    test_set = _load_test(test, text_column, label_column)
+    test_set = load_test_set(test, text_column, label_column)
     check_labels_match({str(r["label"]) for r in rows}, set(test_set.labels), test)
     result = evaluate_run(run_dir, test_set, classifier=classifier.value, with_mauve=mauve)
     for line in summary_rows(result):
@@ -47,13 +46,3 @@ def check_labels_match(synthetic: set[str], test: set[str], where: str) -> None:
     if test - synthetic:
         warn_user(f"{where}: labels {sorted(test - synthetic)} have no synthetic sample, so every test example of "
                   "them counts as an error")
-
-
-def _load_test(test: str, text_column: str, label_column: str) -> LabelledTexts:
-    if test.startswith("corpus:"):
-        from dpsynth.data.corpora import get_corpus, split
-
-        return split(get_corpus(test.removeprefix("corpus:")).load(), seed=0).test
-    from dpsynth.data.loaders import load_labelled
-
-    return load_labelled(test, text_column, label_column)

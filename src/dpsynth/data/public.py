@@ -22,4 +22,11 @@ def load_test(config: RunConfig) -> LabelledTexts | None:
     d = config.data
     if d.corpus is not None:
         return split(get_corpus(d.corpus).load(), seed=0).test
-    return load_labelled(d.test, d.text_column, d.label_column) if d.test else None
+    return test_set(str(d.test), d.text_column, d.label_column) if d.test else None
+
+
+def test_set(source: str, text_column: str = "text", label_column: str = "label") -> LabelledTexts:
+    """A labelled test file, or `corpus:NAME` for a public corpus' fixed test split."""
+    if source.startswith("corpus:"):
+        return split(get_corpus(source.removeprefix("corpus:")).load(), seed=0).test
+    return load_labelled(source, text_column, label_column)

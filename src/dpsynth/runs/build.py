@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth.config import GeneratorConfig, RunConfig
-from dpsynth.data.public import task_for
+from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import TaskSpec
 from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
@@ -70,6 +70,8 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
     config = plan.config
     task = task_for(config)
     plan.method.check_task(task)
+    if config.evaluate and config.data.test is not None:
+        load_test(config)  # public: a missing or unreadable test file fails here, not after the run
     if config.data.own and config.federated is None and reads_private(plan):
         check_private(config, load_private(config, quiet=True, given=given), task,
                       min_records=plan.method.min_private_records())
