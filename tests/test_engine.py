@@ -22,6 +22,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.methods.registry import method_class, method_names
 from dpsynth.runs.config import parse_config
 from dpsynth.runs.engine import Run
+from dpsynth.runs.planning import plan_privacy
 
 PRIVATE = [(f"private review number {i} about a {'great' if i % 3 else 'poor'} film", "pos" if i % 3 else "neg")
            for i in range(30)]
@@ -84,6 +85,13 @@ def test_every_method_runs_and_pays_what_budget_plans(method: str, labels: str |
     assert (tmp_path / "run" / "synthetic.jsonl").read_text().count("\n") >= 6
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert "voting" not in metrics["timings"], "private-side time (it grows with M) stays out of metrics.json"
+    # the dry run's estimate of the requests: what was asked, less the re-asks of dropped or duplicate samples
+    planned = plan_privacy(parse_config(raw)).method.planned_requests(2)
+    asked = sum(u["requests"] for u in metrics["usage"].values())
+    print(method, planned, asked)
+    assert planned <= asked <= 1.5 * planned
+    dry = CliRunner().invoke(_typer_app, ["run", str(tmp_path / "run.yaml"), "--dry-run"])
+    assert dry.exit_code == 0 and f"generator requests: {planned} in all" in dry.output, dry.output
 
 
 @pytest.mark.parametrize("crash_after,saved", [(2, 1), (15, 2)],

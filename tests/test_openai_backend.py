@@ -135,6 +135,51 @@ def llama_server(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.server
+def test_a_cost_cap_stops_the_run_and_a_raised_cap_resumes_it(llama_server: str, tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """Issue 36: the dry run prints the plan and cost and sends nothing; with max_cost below what the run needs,
+    the run stops with a one-line message before crossing the cap, the cap raised in the run's config.yaml lets
+    `--resume` finish, and no request is paid twice."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import _typer_app
+    from dpsynth.llm.spend import SpendCapReached
+
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    raw = {
+        "data": {"private": str(_private_reviews(tmp_path))},
+        "task": {"text_kind": "movie review", "labels": {"pos": "a positive review", "neg": "a negative review"}},
+        "generators": [{"kind": "openai", "model": "smollm2", "base_url": llama_server, "max_concurrency": 2,
+                        "name": "server-smol", "price_per_prompt_token": 1e-6, "price_per_completion_token": 2e-6,
+                        "max_cost": 0.0015}],
+        "wasp": {"n": 16, "iterations": 2, "q": 2, "s": 2, "max_tokens": 24},
+        "privacy": {"epsilon": 2.0, "delta": 1e-3, "noise_seed": 0},
+        "evaluate": False,
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
+    runner = CliRunner()
+    dry = runner.invoke(_typer_app, ["run", str(tmp_path / "run.yaml"), "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "generator requests: 16 in all" in dry.output and "cost at most" in dry.output
+    assert "(caps: max_cost 0.0015)" in dry.output and not (tmp_path / "cache" / "requests.sqlite").exists()
+
+    stopped = runner.invoke(_typer_app, ["run", str(tmp_path / "run.yaml"), "-o", str(tmp_path / "run")])
+    assert isinstance(stopped.exception, SpendCapReached), stopped.output  # `dpsynth` prints it, exit 2
+    assert str(stopped.exception).startswith("server-smol: the next request could cross its cap (max_cost 0.0015")
+    paid = json.loads((tmp_path / "run" / "checkpoints" / "state.json").read_text())  # a checkpoint to resume
+    assert paid
+    config_path = tmp_path / "run" / "config.yaml"
+    saved = yaml.safe_load(config_path.read_text())
+    saved["generators"][0]["max_cost"] = 1.0
+    config_path.write_text(yaml.safe_dump(saved))
+    finished = runner.invoke(_typer_app, ["run", "--resume", str(tmp_path / "run")])
+    assert finished.exit_code == 0, finished.output
+    usage = json.loads((tmp_path / "run" / "metrics.json").read_text())["usage"]["server-smol"]
+    assert usage["cost"] > 0.0015 and usage["cached"] > 0, "the resume reused what the stopped run paid for"
+
+
+@pytest.mark.server
 def test_wasp_through_real_llama_cpp_server(llama_server: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
     private = _private_reviews(tmp_path)

@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveFloat,
     PositiveInt,
     field_validator,
     model_validator,
@@ -51,6 +52,21 @@ class GeneratorConfig(Section):
         "lower it when several runs or models share the machine's cores")
     price_per_prompt_token: float | None = None
     price_per_completion_token: float | None = None
+    max_requests: PositiveInt | None = Field(None, description="cap: paid (uncached) requests over the run")
+    max_total_tokens: PositiveInt | None = Field(None, description="cap: paid prompt + completion tokens over the run")
+    max_cost: PositiveFloat | None = Field(None, description="cap: cost over the run, in the prices' currency "
+                                           "(needs price_per_prompt_token / price_per_completion_token)")
+    requests_per_minute: PositiveFloat | None = Field(None, description="client-side rate limit (API generators)")
+    tokens_per_minute: PositiveFloat | None = Field(None, description="client-side rate limit in prompt + "
+                                                    "max_tokens per request (API generators)")
+
+    @model_validator(mode="after")
+    def _cost_needs_prices(self) -> GeneratorConfig:
+        priced = self.price_per_prompt_token is not None or self.price_per_completion_token is not None
+        if self.max_cost is not None and not priced:
+            raise ValueError("max_cost needs the generator's prices (price_per_prompt_token, "
+                             "price_per_completion_token) to count the cost")
+        return self
 
     @property
     def display_name(self) -> str:

@@ -47,7 +47,7 @@ def budget(
         plan = plan_privacy(load_config(config))
         if sigma is not None or epsilon is not None:
             raise DpsynthError("with --config the budget comes from the config's privacy section")
-        _print(plan, None)
+        print_plan(plan, None)
         return
     if method is None:
         raise DpsynthError(f"give a method ({', '.join(method_names())}) or --config RUN.yaml")
@@ -71,7 +71,7 @@ def budget(
                            options=options, adjacency=adjacency.value, max_records_per_user=max_records_per_user,
                            label_proportions=label_proportions, parties=parties, min_parties=min_parties,
                            resample=_resample(resample_sigma, resample_share))
-    _print(plan, sigma)
+    print_plan(plan, sigma)
 
 
 def _resample(sigma: float | None, share: float | None) -> dict | None:
@@ -80,7 +80,7 @@ def _resample(sigma: float | None, share: float | None) -> dict | None:
     return {k: v for k, v in (("sigma", sigma), ("share", share)) if v is not None}
 
 
-def _print(plan: PrivacyPlan, vote_sigma: float | None) -> None:
+def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
     cfg = plan.config
     schedule = plan.schedule
     typer.echo(f"method: {plan.method.name}; {len(schedule.releases)} noisy releases: "

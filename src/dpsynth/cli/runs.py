@@ -48,8 +48,15 @@ def run(
     config: Path | None = typer.Argument(None, help="Run configuration (YAML)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Run directory (default: runs/<time>)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this directory."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the privacy plan and the requests, tokens and "
+                                 "cost the run will ask for; release nothing, send nothing, write nothing."),
 ) -> None:
     """Run a method (WASP by default) on your private data, or resume an interrupted run."""
+    if dry_run:
+        if config is None or resume is not None:
+            raise DpsynthError("--dry-run plans a new run: give CONFIG (not --resume)")
+        dry_run_report(load_config(config))
+        return
     if resume is not None:
         if config is not None:
             raise DpsynthError("give either CONFIG or --resume RUN_DIR, not both")
@@ -213,3 +220,42 @@ def signal_lines(iterations: list[dict]) -> list[str]:
         lines.append("  most entries are noise: use fewer candidates per release (smaller N per iteration), more "
                      "private records, a larger epsilon, or votes summed over clusters of candidates")
     return head + lines
+
+
+def dry_run_report(config: RunConfig) -> None:
+    """The privacy plan (as `budget --config`), then per generator the requests and an upper bound on tokens
+    and cost: completions at max_tokens, prompts at the method's longest (the n_ctx check's bound)."""
+    from dpsynth.cli.budget import print_plan
+    from dpsynth.data.public import task_for
+    from dpsynth.runs.build import check_before_start
+    from dpsynth.runs.planning import plan_privacy
+
+    plan = plan_privacy(config)
+    check_before_start(plan)  # the data and task problems a run would meet: still nothing released or sent
+    typer.echo("dry run: nothing is released, no request is sent, no directory is made")
+    print_plan(plan, None)
+    method = plan.method
+    labels = len(task_for(config).labels)
+    try:
+        total = method.planned_requests(labels)
+    except NotImplementedError as err:
+        typer.echo(f"requests: not estimated ({err})")
+        return
+    max_tokens = int(getattr(config.options(), "max_tokens", 64))
+    prompt = max(method.context_tokens(config) - max_tokens, 1)
+    k = len(config.generators)
+    typer.echo(f"generator requests: {total} in all (before re-asks of dropped or duplicate samples; the token and "
+               "cost bounds below are for these)"
+               + ("; split equally here, WASP's weights move them between PLMs" if k > 1 else ""))
+    for g in config.generators:
+        n = -(-total // k)
+        line = (f"  {g.display_name} ({g.kind}: {g.model}): about {n} requests; at most {n * prompt} prompt + "
+                f"{n * max_tokens} completion tokens")
+        if g.price_per_prompt_token is not None or g.price_per_completion_token is not None:
+            cost = n * (prompt * (g.price_per_prompt_token or 0.0) + max_tokens * (g.price_per_completion_token or 0.0))
+            line += f"; cost at most {cost:.4g}"
+        caps = [f"{name} {value:g}" for name, value in (("max_requests", g.max_requests), ("max_total_tokens",
+                g.max_total_tokens), ("max_cost", g.max_cost)) if value is not None]
+        if caps:
+            line += f" (caps: {', '.join(caps)})"
+        typer.echo(line)

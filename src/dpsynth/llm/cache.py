@@ -41,6 +41,7 @@ from dpsynth.llm.base import (
     ResultCallback,
     Usage,
 )
+from dpsynth.llm.spend import SpendGuard
 
 BUSY_TIMEOUT = 30.0  # seconds SQLite waits for another process's lock
 STALE_AFTER = 120.0  # seconds without renewal after which another process's claim on a request is void
@@ -209,10 +210,14 @@ class RequestCache:
 class CachedGenerator:
     """Wraps a backend: serves hits from the cache, sends only misses, records usage."""
 
-    def __init__(self, inner: Generator, cache: RequestCache, usage: Usage | None = None) -> None:
+    def __init__(self, inner: Generator, cache: RequestCache, usage: Usage | None = None,
+                 guard: SpendGuard | None = None) -> None:
+        """`guard`: the generator's spend caps; a batch that could cross one is sent only up to the cap, and
+        then `SpendCapReached` stops the caller (what was paid is cached)."""
         self.inner = inner
         self.cache = cache
         self.usage = usage or Usage()
+        self.guard = guard
         self.name = inner.name
 
     @property
@@ -291,10 +296,13 @@ class CachedGenerator:
         start = time.perf_counter()
         retries_before = self._backend_retries()
         try:
-            self.inner.generate([requests[i] for i in indices], on_result=store)
+            allowed = len(indices) if self.guard is None else self.guard.admit([requests[i] for i in indices])
+            self.inner.generate([requests[i] for i in indices[:allowed]], on_result=store)
         finally:
             stop.set()
             renewer.join()
             self.cache.release_claims([keys[i] for i in indices])
             self.usage.generation_seconds += time.perf_counter() - start
             self.usage.retries += self._backend_retries() - retries_before
+        if allowed < len(indices):
+            raise self.guard.reached()

@@ -27,6 +27,7 @@ from typing import Any
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+from dpsynth.llm.spend import RatePacer
 
 MAX_RETRY_AFTER = 120.0  # seconds; a server asking for a longer wait is not retried (as the openai client does)
 RETRY_STATUS = frozenset({408, 409, 429})
@@ -114,6 +115,7 @@ class OpenAICompatGenerator:
         timeout: float = 120.0,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
+        pacer: RatePacer | None = None,
     ) -> None:
         try:
             import openai
@@ -134,6 +136,7 @@ class OpenAICompatGenerator:
         self._max_retries = max_retries
         self._backoff = backoff
         self._max_backoff = max_backoff
+        self._pacer = pacer  # client-side requests / tokens per minute, applied to every attempt
         self._count_lock = threading.Lock()
         self.retries = 0  # requests sent again, over this generator's life
 
@@ -186,6 +189,8 @@ class OpenAICompatGenerator:
             time.sleep(delay)
 
     def _attempt(self, request: GenerationRequest) -> GenerationResult:
+        if self._pacer is not None:
+            self._pacer.pace(request)
         params: dict[str, Any] = dict(
             model=self._model,
             max_tokens=request.max_tokens,  # llama.cpp's server ignores max_completion_tokens

@@ -57,7 +57,9 @@ def _llama_cpp(cfg: GeneratorConfig) -> Generator:
 @register_backend("openai")
 def _openai(cfg: GeneratorConfig) -> Generator:
     from dpsynth.llm.openai_backend import OpenAICompatGenerator
+    from dpsynth.llm.spend import RatePacer, SpendLimits
 
+    limits = SpendLimits.of(cfg)
     return OpenAICompatGenerator(
         cfg.model,
         base_url=cfg.base_url,
@@ -67,6 +69,7 @@ def _openai(cfg: GeneratorConfig) -> Generator:
         max_concurrency=cfg.max_concurrency,
         max_retries=cfg.max_retries,
         timeout=cfg.timeout,
+        pacer=RatePacer(limits) if limits.paced else None,
     )
 
 

@@ -110,6 +110,9 @@ class AugPE(Method[AugPEOptions, AugPEState]):
     def iterations(self) -> int:
         return self.options.iterations
 
+    def planned_requests(self, labels: int) -> int:
+        return self.options.n * self.options.iterations
+
     def min_private_records(self) -> tuple[int, str]:
         """A noisy count above the threshold needs more records than the threshold (checked by the holder,
         whose message never states the count): below that every vote would be zeroed, budget spent for

@@ -205,6 +205,11 @@ class Method(ABC, Generic[OptionsT, StateT]):
         """Fewest private records the method can work with, and what to change (checked by the holder)."""
         return 1, "1"
 
+    def planned_requests(self, labels: int) -> int:
+        """Generator requests the whole run asks for, before re-asks of dropped or duplicate samples (the dry
+        run's estimate; `tests/test_engine.py` checks it against real runs of every method)."""
+        raise NotImplementedError(f"{self.name} does not estimate its requests")
+
     def new_state(self) -> StateT:
         return self.State()  # type: ignore[return-value]
 

@@ -85,6 +85,9 @@ class Dpft(Method[DpftOptions, DpftState]):
     def iterations(self) -> int:
         return 2
 
+    def planned_requests(self, labels: int) -> int:
+        return self.options.n
+
     def assumptions(self) -> dict[str, str]:
         o = self.options
         if self.config.data.person_column is not None:

@@ -137,6 +137,12 @@ class DPGA(Method[DPGAOptions, DPGAState]):
     def iterations(self) -> int:
         return self.options.generations + 1
 
+    def planned_requests(self, labels: int) -> int:
+        """Keyword requests (one per label and PLM), the first population, then each generation's new samples."""
+        o = self.options
+        elites = max(1, round(o.n * o.elite_fraction))
+        return labels * len(self.config.generators) + o.n + o.generations * (o.n - elites)
+
     def check_task(self, task: TaskSpec) -> None:
         if round(self.options.n * self.options.elite_fraction) < len(task.labels):
             raise DpsynthError(f"dpga.n x elite_fraction keeps fewer elites than there are labels "

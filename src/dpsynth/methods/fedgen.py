@@ -121,6 +121,9 @@ class Fedgen(Method[FedgenOptions, FedgenState]):
     def iterations(self) -> int:
         return 3
 
+    def planned_requests(self, labels: int) -> int:
+        return self.options.n
+
     def min_private_records(self) -> tuple[int, str]:
         return 2, "2"
 

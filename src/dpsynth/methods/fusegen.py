@@ -42,6 +42,9 @@ class FuseGen(Method[FuseGenOptions, FuseGenState]):
     def iterations(self) -> int:
         return 1
 
+    def planned_requests(self, labels: int) -> int:
+        return self.options.n
+
     def check_task(self, task) -> None:
         if self.options.n < len(task.labels):
             raise DpsynthError(f"fusegen.n={self.options.n} is smaller than the number of labels "

@@ -110,6 +110,10 @@ class Popri(Method[PopriOptions, PopriState]):
     def iterations(self) -> int:
         return self.options.rounds + 1
 
+    def planned_requests(self, labels: int) -> int:
+        o = self.options
+        return o.rounds * o.prompts * o.j + o.n
+
     def schedule(self) -> Schedule:
         o = self.options
         if o.scoring == "public":

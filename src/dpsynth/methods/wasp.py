@@ -159,6 +159,9 @@ class Wasp(Method[WaspOptions, WaspState]):
     def iterations(self) -> int:
         return self.options.iterations
 
+    def planned_requests(self, labels: int) -> int:
+        return self.options.n
+
     def check_task(self, task: TaskSpec) -> None:
         need = len(task.labels) * self.options.iterations
         if self.options.n < need:

@@ -19,6 +19,7 @@ from dpsynth.fs import cache_dir
 from dpsynth.llm.base import Usage
 from dpsynth.llm.cache import CachedGenerator, RequestCache
 from dpsynth.llm.registry import build_generator
+from dpsynth.llm.spend import SpendGuard, SpendLimits
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource
 from dpsynth.private.dataset import check_private, load_private, open_central_holder
@@ -39,8 +40,12 @@ def prices(g: GeneratorConfig) -> dict[str, float]:
 def build_generators(config: RunConfig, usage: dict[str, Usage]) -> dict[str, CachedGenerator]:
     """Every generator behind the persistent request cache, counting into `usage`."""
     cache = RequestCache(cache_dir() / "requests.sqlite")
-    return {g.display_name: CachedGenerator(build_generator(g), cache, usage[g.display_name])
-            for g in config.generators}
+    out = {}
+    for i, g in enumerate(config.generators):
+        limits = SpendLimits.of(g)
+        guard = SpendGuard(g.display_name, limits, usage[g.display_name], f"generators[{i}]") if limits.caps else None
+        out[g.display_name] = CachedGenerator(build_generator(g), cache, usage[g.display_name], guard)
+    return out
 
 
 def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyLedger, store: ReleaseStore,
