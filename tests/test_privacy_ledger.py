@@ -104,6 +104,29 @@ def test_noise_has_the_calibrated_scale() -> None:
     assert np.mean(np.abs(out)) == pytest.approx(2.0, rel=0.01)
 
 
+def test_secure_noise_is_opendps_exact_sampler_with_the_accounted_map() -> None:
+    """Issue 34: in secure mode every additive release is noised by OpenDP's exact samplers (floating-point
+    safe), with the calibrated scale; OpenDP's own privacy map of that measurement is the continuous
+    Gaussian's zCDP rho = Delta^2 / (2 sigma^2) that the PLD ledger assumes, so the accounting is unchanged."""
+    from dpsynth.privacy.mechanisms import _measurement, exact_noise
+
+    secure = NoiseSource()
+    clean = np.linspace(-5.0, 5.0, 20_000)
+    g = secure.add("g", "gaussian", clean, 3.0) - clean
+    assert np.std(g) == pytest.approx(3.0, rel=0.03) and abs(np.mean(g)) < 0.1
+    lap = secure.add("l", "laplace", clean, 2.0) - clean
+    assert np.mean(np.abs(lap)) == pytest.approx(2.0, rel=0.04)
+    assert _measurement("gaussian", 4, 3.0).map(1.0) == pytest.approx(1 / 18)  # rho at Delta=1, sigma=3
+    assert _measurement("laplace", 4, 2.0).map(1.0) == pytest.approx(0.5)  # epsilon at Delta=1, b=2
+    assert exact_noise(np.zeros((2, 3)), "gaussian", 1.0).shape == (2, 3)
+    with pytest.raises(ValueError, match="finite"):
+        exact_noise(np.array([np.nan]), "gaussian", 1.0)
+    # seeded mode (experiments, NOT FOR RELEASE) stays reproducible
+    assert np.array_equal(NoiseSource(7).add("x", "gaussian", clean, 1.0), NoiseSource(7).add("x", "gaussian",
+                                                                                                clean, 1.0))
+    assert "OpenDP" in secure.mode
+
+
 def test_report_lists_everything_and_compares_with_paper() -> None:
     ledger, sigma = _planned_ledger()
     plan = make_plan("wasp", 5, 8, epsilon=4.0)

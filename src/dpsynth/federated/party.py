@@ -55,5 +55,4 @@ def noisy_votes(
     votes = compute_votes(spec, shard.embeddings, shard.label_ids, candidates, candidate_labels)
     if party_sigma == 0.0:  # epsilon = inf reference run: the ledger says NOT DP
         return votes
-    rng = NoiseSource(noise_seed).stream(f"{release}/party{shard.party_id}")
-    return votes + rng.normal(0.0, party_sigma, size=votes.shape)
+    return NoiseSource(noise_seed).add(f"{release}/party{shard.party_id}", "gaussian", votes, party_sigma)

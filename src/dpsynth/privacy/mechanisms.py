@@ -1,19 +1,28 @@
 """Noise sources and mechanisms that record in the ledger before they release.
 
-A `NoiseSource` in secure mode seeds its generator from the operating system's
-entropy (`secrets`), and never stores the seed: anyone holding the seed and a
-noisy release could subtract the noise. The seeded mode exists for tests and
-experiments; the privacy report marks it as not for release.
+A `NoiseSource` in secure mode adds the noise of every additive release (`add`) with OpenDP's exact
+samplers: the Gaussian and Laplace noise is drawn from their discrete counterparts on the finest 2^k
+grid of a float64 (k = -1074) from OpenDP's cryptographic random source, and added with exact rounding.
+A textbook floating-point sampler (numpy's `normal`, `laplace`) leaks through the low bits of its outputs:
+not every float is a possible output, and which ones are depends on the clean value, so a saved noisy
+release can betray it (Mironov, CCS 2012; Jin et al., S&P 2022). OpenDP's privacy map of the same
+measurement is the continuous mechanism's (rho = Delta^2 / (2 sigma^2) for the Gaussian), so the ledger's
+accounting stands unchanged (`tests/test_privacy_ledger.py` checks the map). Its other secret randomness
+(Poisson subsampling masks, DP-SGD seeds, the sparse vector's comparisons) comes from streams seeded with
+OS entropy (`secrets`), whose seeds are never stored.
 
-Noise for a release is drawn from a stream named after the event, so a seeded
-run that resumes draws exactly the noise the uninterrupted run would have.
+The seeded mode exists for tests and experiments: numpy streams named after each event, so a seeded run
+that resumes draws exactly the noise the uninterrupted run would have; the privacy report marks it as not
+for release.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 from collections.abc import Iterable
+from typing import Literal
 
 import numpy as np
 
@@ -30,13 +39,45 @@ class NoiseSource:
 
     @property
     def mode(self) -> str:
-        return "seeded (reproducible; NOT FOR RELEASE)" if self.reproducible else "secure (OS entropy)"
+        return ("seeded (reproducible; NOT FOR RELEASE)" if self.reproducible
+                else "secure (OpenDP exact samplers; OS entropy)")
+
+    def add(self, name: str, kind: Literal["gaussian", "laplace"], clean: np.ndarray, scale: float) -> np.ndarray:
+        """clean + Gaussian (scale = sigma) or Laplace (scale = b) noise per coordinate, for release `name`."""
+        clean = np.asarray(clean, dtype=np.float64)
+        if self._seed is not None:
+            rng = self.stream(name)
+            noise = rng.normal(0.0, scale, clean.shape) if kind == "gaussian" else rng.laplace(0.0, scale, clean.shape)
+            return clean + noise
+        return exact_noise(clean, kind, scale)
 
     def stream(self, name: str) -> np.random.Generator:
         if self._seed is None:
             return np.random.Generator(np.random.PCG64DXSM(secrets.randbits(256)))
         digest = hashlib.sha256(f"{self._seed}:{name}".encode()).digest()
         return np.random.Generator(np.random.PCG64DXSM(int.from_bytes(digest, "big")))
+
+
+def exact_noise(clean: np.ndarray, kind: Literal["gaussian", "laplace"], scale: float) -> np.ndarray:
+    """clean + noise from OpenDP's exact Gaussian / Laplace measurement (see the module docstring)."""
+    flat = np.asarray(clean, dtype=np.float64).ravel()
+    if flat.size == 0:
+        return np.asarray(clean, dtype=np.float64).copy()
+    if not np.all(np.isfinite(flat)):
+        raise ValueError("a release's clean values must be finite")
+    noisy = np.asarray(_measurement(kind, flat.size, float(scale))(flat.tolist()), dtype=np.float64)
+    return noisy.reshape(np.shape(clean))
+
+
+@functools.lru_cache(maxsize=32)
+def _measurement(kind: str, size: int, scale: float):  # noqa: ANN202 - an OpenDP Measurement
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    domain = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
+    if kind == "gaussian":
+        return dp.m.make_gaussian(domain, dp.l2_distance(T=float), scale=scale)
+    return dp.m.make_laplace(domain, dp.l1_distance(T=float), scale=scale)
 
 
 def gaussian_release(
@@ -50,8 +91,7 @@ def gaussian_release(
 ) -> np.ndarray:
     """values + N(0, sigma^2 I), charged to the ledger first (raises before drawing if over budget)."""
     ledger.record(GaussianEvent(name=name, sensitivity=sensitivity, sigma=sigma))
-    rng = noise.stream(name)
-    return np.asarray(values, dtype=np.float64) + rng.normal(0.0, sigma, size=np.shape(values))
+    return noise.add(name, "gaussian", values, sigma)
 
 
 def laplace_release(
@@ -65,8 +105,7 @@ def laplace_release(
 ) -> np.ndarray:
     """values + Laplace(0, scale) per coordinate, charged to the ledger first."""
     ledger.record(LaplaceEvent(name=name, sensitivity=sensitivity, scale=scale))
-    rng = noise.stream(name)
-    return np.asarray(values, dtype=np.float64) + rng.laplace(0.0, scale, size=np.shape(values))
+    return noise.add(name, "laplace", values, scale)
 
 
 def above_threshold(queries: Iterable[float], *, threshold: float, scale: float | None,

@@ -124,11 +124,11 @@ class ReleasingHolder:
         clean = np.asarray(clean, dtype=np.float64)
         if value == 0.0:
             return clean
-        event, rng = release.event(value), self.noise.stream(release.name)
+        event = release.event(value)
         if isinstance(event, LaplaceEvent):
-            return clean + rng.laplace(0.0, value, size=clean.shape)
+            return self.noise.add(release.name, "laplace", clean, value)
         if isinstance(event, (GaussianEvent, SubsampledGaussianEvent)):
-            return clean + rng.normal(0.0, value, size=clean.shape)
+            return self.noise.add(release.name, "gaussian", clean, value)
         raise TypeError(f"release {release.name}: {type(event).__name__} is not an additive noise mechanism")
 
     def _step_report(self, release: Release, value: float, on_step: StepReport) -> Callable[[int, float], None]:
