@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -393,3 +394,56 @@ def test_more_config_errors_are_one_line(change: dict, needle: str, tmp_path: Pa
     raw = {**_config(tmp_path, "text,label\na,spam\n"), **change}
     with pytest.raises(DpsynthError, match=re.escape(needle)):
         parse_config(raw, "c.yaml")
+
+
+PERSON_ROWS = "text,label,patient\n" + "".join(f"msg {i},{'spam' if i % 2 else 'ham'},p{i % 3}\n" for i in range(8))
+
+
+def _set(path: str, value: object):
+    """A change to a config dict: `value` at the dotted `path` (None removes the key)."""
+    def change(raw: dict) -> None:
+        *parents, last = path.split(".")
+        node = raw
+        for key in parents:
+            node = node[int(key)] if key.isdigit() else node[key]
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return change
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ([_set("data.person_column", "who")], "person column 'who' not found; columns are: text, label, patient"),
+    ([_set("data.person_column", None)], "privacy.max_records_per_user=2 needs data.person_column"),
+    ([_set("privacy.max_records_per_user", 0)], "privacy.max_records_per_user: Input should be greater than 0"),
+    ([_set("data.private", None), _set("data.corpus", "trec"), _set("data.m", 50)], "a public corpus has none"),
+    ([_set("data.person_column", "")], "data.person_column: String should have at least 1 character"),
+    ([_set("data.test", "none.csv")], "none.csv: file not found"),
+    ([_set("generators.0.max_cost", 0)], "max_cost: Input should be greater than 0"),
+    ([_set("generators.0.max_cost", 1.0)], "max_cost needs the generator's prices"),
+    ([_set("generators.0.requests_per_minute", -5)], "requests_per_minute: Input should be greater than 0"),
+    ([_set("data.private", "nodata")], "nodata: a directory, but not one written by datasets' save_to_disk"),
+    ([_set("data.private", None), _set("data.hub", "someone/x")], "Hub dataset someone/x (split train) could not"),
+    ([_set("data.private", None), _set("data.in_memory", True)], "were given in Python; give them again"),
+])
+def test_issue_36_inputs_are_one_line_errors_before_the_run_directory(changes: list, needle: str,
+                                                                       tmp_path: Path) -> None:
+    """Issue 33's further cases for the person column, data sources and spend caps (docs/bad-input.md rows
+    31b-31n, 62a-62c), through the real CLI: exit 2, one line, no traceback, no run directory."""
+    (tmp_path / "nodata").mkdir()
+    raw = _config(tmp_path, PERSON_ROWS)
+    raw["data"]["person_column"] = "patient"
+    raw["privacy"]["max_records_per_user"] = 2
+    for change in changes:
+        change(raw)
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run([sys.executable, "-m", "dpsynth", "run", str(_write_config(tmp_path, raw)), "-o",
+                           str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, **offline})
+    _one_line_error(proc, needle)
+    assert not (tmp_path / "run").exists(), "nothing left behind"
+
+
+def test_dry_run_of_a_resume_is_refused(tmp_path: Path) -> None:
+    _one_line_error(_cli("run", "--resume", "x", "--dry-run", cwd=tmp_path), "--dry-run plans a new run")
