@@ -223,3 +223,30 @@ def test_opening_the_cache_again_never_touches_an_existing_database_file(tmp_pat
     second = RequestCache(tmp_path / "requests.sqlite")
     first.put("k", "m", "p", GenerationResult("one", 1, 1))
     assert second.get_many(["k"])["k"].text == "one"
+
+
+def test_the_embedding_cache_is_shared_by_processes_in_wal_mode(tmp_path: Path) -> None:
+    """Issue 34: the second SQLite cache (embeddings) waits for another process's lock and runs in WAL, like
+    the request cache: two benches on one test set no longer fail with "database is locked"."""
+    import sqlite3
+
+    import numpy as np
+
+    from dpsynth.embed.sentence import CachedEmbedder
+
+    class Fixed:
+        name = "fixed"
+
+        def encode(self, texts):
+            return np.ones((len(texts), 3), dtype=np.float32)
+
+    path = tmp_path / "emb.sqlite"
+    first, second = CachedEmbedder(Fixed(), path), CachedEmbedder(Fixed(), path)
+    holder = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process mid-write
+    import threading
+
+    threading.Timer(0.5, lambda: holder.execute("COMMIT")).start()
+    assert first.encode(["a", "b"]).shape == (2, 3)  # waited for the lock instead of failing
+    assert second.encode(["a"]).shape == (1, 3)
+    assert sqlite3.connect(str(path)).execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -103,6 +103,9 @@ def resolve_model_path(model: str) -> str:
     return model
 
 
+BUSY_SECONDS = 60.0  # how long a write waits for another process's lock on a shared embedding cache
+
+
 class CachedEmbedder:
     """Embeds synthetic texts once per run directory, however often they are voted on or resumed."""
 
@@ -110,7 +113,14 @@ class CachedEmbedder:
         self.inner = inner
         self.name = inner.name
         create_owner_only(path)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        # shared by processes (a bench's cells, two benches on one test set): wait for a writer's lock instead
+        # of failing with "database is locked", and let readers read while one writes (WAL)
+        self._db = sqlite3.connect(str(path), timeout=BUSY_SECONDS, check_same_thread=False, isolation_level=None)
+        try:
+            if str(self._db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                self._db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:  # another process holds the file: it stays in its mode, still correct
+            pass
         self._db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
 
     def _key(self, text: str) -> str:
