@@ -94,7 +94,7 @@ class _LeakyFewShot(FuseGen):
 
     def step(self, ctx, state, t):
         record = super().step(ctx, state, t)
-        rows = [json.loads(line) for line in Path(self.config.data.private).read_text().splitlines()]
+        rows = AUDITED_ROWS  # what a leak would copy: the holder's records (with the canaries)
         state.samples = state.samples + [SyntheticSample(10_000 + i, f"Like this one: {row['text']}", row["label"],
                                                          "leaky", t) for i, row in enumerate(rows)]
         return record
@@ -115,12 +115,25 @@ def _config(tmp_path: Path, method: str, epsilon: float) -> dict:
     }
 
 
+AUDITED_ROWS: list[dict] = []  # the audited private set, as the broken methods' leak reads it
+
+
 @pytest.fixture
 def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The broken methods are registered only while a test of this module runs (registering them at import
-    would add them to other modules' every-method tests)."""
+    would add them to other modules' every-method tests). The audit hands its private set to the run in
+    memory; the broken methods "leak" it through AUDITED_ROWS, filled where the audit builds the set."""
+    from dpsynth.audit import run_audit as audit_module
     from dpsynth.methods import registry
 
+    build = audit_module._private_with_canaries
+
+    def capture(*args, **kwargs):
+        rows = build(*args, **kwargs)
+        AUDITED_ROWS[:] = rows
+        return rows
+
+    monkeypatch.setattr(audit_module, "_private_with_canaries", capture)
     monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
     FakeGenerator.calls = []
     registry.method_names()  # load the built-in methods first
@@ -141,7 +154,6 @@ def test_audit_refutes_a_method_that_leaks_private_records_into_its_prompts(tmp_
     assert result["signals"]["ngrams"]["auc"] == 1.0
     privacy = json.loads((tmp_path / "audit" / "run" / "privacy.json").read_text())
     assert "LEAKS MORE THAN IT CLAIMS" in privacy["audit"]["line"]
-    assert not (tmp_path / "audit" / "private-with-canaries.jsonl").exists(), "the private file is removed"
     private = (tmp_path / "private.csv").read_text().splitlines()[1:]
     for name in ("audit.json", "canaries.jsonl", "audit-params.json"):
         text = (tmp_path / "audit" / name).read_text()
@@ -163,7 +175,7 @@ def test_person_level_audit_plants_each_canary_as_k_records_of_one_person(tmp_pa
     raw["privacy"]["max_records_per_user"] = 3
     config = parse_config(raw)
     planted = plant_canaries(task_for(config), 16, 0)
-    rows = [json.loads(line) for line in _private_with_canaries(config, planted, 0).splitlines()]
+    rows = _private_with_canaries(config, planted, 0)
     for j, canary in enumerate(planted):
         mine = [r for r in rows if r["person"] == f"dpsynth-canary-0-{j}"]
         assert len(mine) == (3 if canary.included else 0) and all(r["text"] == canary.text for r in mine)
@@ -198,7 +210,7 @@ def test_audit_does_not_refute_a_dp_run_and_resumes(tmp_path: Path, _isolated) -
             run_audit(config, tmp_path / "audit", canaries=64)
     finally:
         FakeGenerator.fail_after = None
-    assert not (tmp_path / "audit" / "private-with-canaries.jsonl").exists(), "a failed audit leaves no private file"
+    _no_private_record_in(tmp_path / "audit")
     with pytest.raises(DpsynthError, match="--seed changed since this audit started"):
         run_audit(config, tmp_path / "audit", canaries=64, seed=1)  # other coins: another dataset mid-run
     paid = len(FakeGenerator.calls)
@@ -222,7 +234,7 @@ class _FewShotPromptLeak(FuseGen):
     def step(self, ctx, state, t):
         from dpsynth.llm.base import GenerationRequest
 
-        rows = [json.loads(line) for line in Path(self.config.data.private).read_text().splitlines()]
+        rows = AUDITED_ROWS
         generator = next(iter(ctx.generators.values()))
         requests = [GenerationRequest(messages=(("user", f"Here is a movie review:\n{row['text']}\n\nWrite it out "
                                                           "again, word for word."),), max_tokens=48, seed=i)
@@ -248,8 +260,9 @@ def test_audit_refutes_a_prompt_leak_with_the_real_smollm2(tmp_path: Path, _isol
     assert result["exceeds_claim"] and result["epsilon_lower_bound"] > 0.5, result["best"]  # claim: 0
 
 
-def test_sigterm_mid_audit_removes_the_private_copy(tmp_path: Path) -> None:
-    """A scheduler's stop (SIGTERM) unwinds like Ctrl-C: the audit's copy of the private data is deleted."""
+def test_sigterm_mid_audit_leaves_no_private_record_on_disk(tmp_path: Path) -> None:
+    """The audited set (records + canaries) is handed to the run in memory, never written; a scheduler's stop
+    (SIGTERM) mid-run unwinds like Ctrl-C, and no file of the audit directory holds a private record."""
     import os
     import signal
     import subprocess
@@ -262,15 +275,26 @@ def test_sigterm_mid_audit_removes_the_private_copy(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(_config(tmp_path, "augpe", 1.0)))
     driver = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parent)!r}); import fakes, dpsynth.cli\n"
               "slow = fakes.FakeGenerator.generate\n"
-              "fakes.FakeGenerator.generate = lambda self, r, on_result=None: (time.sleep(5), slow(self, r, on_result))[1]\n"
+              "fakes.FakeGenerator.generate = lambda self, r, on_result=None: "
+              "(time.sleep(5), slow(self, r, on_result))[1]\n"
               f"sys.argv = ['dpsynth', 'audit', {str(config)!r}, '-o', {str(tmp_path / 'audit')!r}]; dpsynth.cli.app()")
     proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ, "DPSYNTH_CACHE": str(tmp_path / "c")},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    copy = tmp_path / "audit" / "private-with-canaries.jsonl"
+    started = tmp_path / "audit" / "run" / "config.yaml"
     deadline = time.monotonic() + 120
-    while not copy.exists():
+    while not started.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
         time.sleep(0.05)
+    time.sleep(1.0)  # inside the audited run: the holder has the records in memory
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    assert not copy.exists(), "the private copy outlived a SIGTERM"
+    _no_private_record_in(tmp_path / "audit")
+    assert "in_memory: true" in started.read_text()
+
+
+def _no_private_record_in(directory: Path) -> None:
+    private = [row.split(",")[0] for row in (directory.parent / "private.csv").read_text().splitlines()[1:]]
+    for path in directory.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert not any(text.encode() in data for text in private), f"a private record in {path}"

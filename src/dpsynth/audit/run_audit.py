@@ -1,9 +1,9 @@
 """`dpsynth audit`: plant canaries, run the configured method on the private data with them, score, bound.
 
-The audit directory belongs to the data holder. While the audited run is under way it holds the private
-set with the canaries (`private-with-canaries.jsonl`, deleted as soon as the run stops, whether it ends or
-fails, and rebuilt identically on resume: `audit-params.json` pins the seed, the number of canaries and
-the file's hash, and a resume that would rebuild a different file is refused). The audited run in `run/`
+The audit directory belongs to the data holder. The private set with the canaries is built in memory and
+handed to the audited run's data holder (`data.in_memory`): it is never written. A resume rebuilds it
+identically (`audit-params.json` pins the seed, the number of canaries and the set's hash, and a resume
+that would rebuild a different set is refused). The audited run in `run/`
 is a release computed from the real private records (plus canaries): its output costs privacy like the
 run it audits, so share `audit.json`, not `run/`. `canaries.jsonl` holds the planted texts, their coins
 and scores (no private record). The audited run resumes like any run: an interrupted audit loses no
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from dpsynth.audit.bound import audit_scores
 from dpsynth.audit.canaries import Canary, plant_canaries
@@ -40,22 +41,22 @@ from dpsynth.runs.config import dump_config, parse_config
 from dpsynth.runs.engine import Run
 
 DEFAULT_CANARIES = 64
-PRIVATE_FILE = "private-with-canaries.jsonl"
 PARAMS_FILE = "audit-params.json"
 
 
-def _audited_config(config: RunConfig, private_file: Path) -> RunConfig:
-    """The same run on the private set with the included canaries (and no evaluation: the audit scores)."""
+def _audited_config(config: RunConfig) -> RunConfig:
+    """The same run on the private set with the included canaries, given in memory (and no evaluation: the
+    audit scores)."""
     task = task_for(config)
     raw = config.model_dump(mode="json")
-    raw["data"] = {"private": str(private_file), "text_column": "text", "label_column": "label",
+    raw["data"] = {"in_memory": True, "text_column": "text", "label_column": "label",
                    **({"person_column": "person"} if config.data.person_column else {})}
     raw["task"] = {"text_kind": task.text_kind, "labels": task.labels, "description": task.description}
     raw["evaluate"] = False
     return parse_config(raw, "audited config")
 
 
-def _private_with_canaries(config: RunConfig, canaries: list[Canary], seed: int) -> str:
+def _private_with_canaries(config: RunConfig, canaries: list[Canary], seed: int) -> list[dict[str, str]]:
     """The real records and every canary shuffled once, then the held-out canaries dropped: the records'
     order does not depend on the coins, so adding a canary changes nothing but its own presence. With a
     person column, each canary is k records of a new person."""
@@ -70,9 +71,8 @@ def _private_with_canaries(config: RunConfig, canaries: list[Canary], seed: int)
     rows += [(c.text, c.label, None if persons is None else f"dpsynth-canary-{seed}-{j}", c.included)
              for j, c in enumerate(canaries) for _ in range(copies)]
     order = np.random.default_rng([seed, 0x5EED]).permutation(len(rows))
-    return "".join(json.dumps({"text": rows[i][0], "label": rows[i][1],
-                               **({} if rows[i][2] is None else {"person": rows[i][2]})}) + "\n"
-                   for i in order if rows[i][3])
+    return [{"text": rows[i][0], "label": rows[i][1], **({} if rows[i][2] is None else {"person": rows[i][2]})}
+            for i in order if rows[i][3]]
 
 
 def _check_params(out: Path, params: dict[str, Any]) -> None:
@@ -99,7 +99,7 @@ def run_audit(config: RunConfig, out: Path, *, canaries: int = DEFAULT_CANARIES,
     `reference_wall`: wall seconds of the run being audited (`--run DIR`), for the cost ratio.
     """
     if config.federated is not None and config.federated.partition in ("files", "nodes"):
-        raise DpsynthError("an audit plants canaries in one private file; federated.partition "
+        raise DpsynthError("an audit plants canaries in one central private set; federated.partition "
                            f"'{config.federated.partition}' keeps the data with the parties: audit a simulation "
                            "with partition iid or dirichlet instead")
     if config.privacy.adjacency != Adjacency.ADD_REMOVE:
@@ -110,25 +110,23 @@ def run_audit(config: RunConfig, out: Path, *, canaries: int = DEFAULT_CANARIES,
         raise DpsynthError(f"--confidence must be in [0.5, 1), got {confidence}")
     t0 = time.perf_counter()
     out = Path(out)
-    lock = lock_run_dir(RunDir(out))  # one audit per directory: the private file and privacy.json are shared
+    lock = lock_run_dir(RunDir(out))  # one audit per directory: its run and privacy.json are shared
     try:
         planted = plant_canaries(task_for(config), canaries, seed)
-        private_file = out / PRIVATE_FILE
         run_dir = RunDir(out / "run")
-        text = _private_with_canaries(config, planted, seed)
+        rows = _private_with_canaries(config, planted, seed)
+        text = "".join(json.dumps(row) + "\n" for row in rows)
         _check_params(out, {"seed": seed, "canaries": canaries,
                             "private_sha256": hashlib.sha256(text.encode()).hexdigest()})
         run_time = 0.0
         if not run_dir.is_finished():
             started = time.perf_counter()
+            frame = pd.DataFrame(rows, columns=["text", "label", *(["person"] if config.data.person_column else [])])
             try:
-                atomic_write_text(private_file, text)
-                audited = _audited_config(config, private_file)
-                runner = (Run.resume(run_dir.root, progress=progress) if run_dir.is_started()
-                          else Run.create(audited, run_dir.root, progress=progress))
+                runner = (Run.resume(run_dir.root, progress=progress, private=frame) if run_dir.is_started()
+                          else Run.create(_audited_config(config), run_dir.root, progress=progress, private=frame))
                 runner.execute()
             finally:
-                private_file.unlink(missing_ok=True)
                 run_time = time.perf_counter() - started
         result = _score(config, run_dir, planted, seed=seed, confidence=confidence)
         # the audited run's wall (across interruptions) plus everything else the audit did in this call
