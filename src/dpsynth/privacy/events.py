@@ -3,8 +3,16 @@
 Every mechanism that touches private data describes itself as one of these
 events *before* it releases anything. Events are plain, JSON-serialisable
 records so that a privacy report can list them and anyone can recompute the
-epsilon from the report alone. Each event carries the sensitivity under the
-ledger's adjacency relation; accountants never guess it.
+epsilon from the report alone.
+
+One convention for sensitivities, stated per kind, so that accountants never guess:
+- Gaussian and Laplace events carry the sensitivity *under the ledger's adjacency* (e.g. sqrt(2) for a
+  one-hot histogram under replacement): the accountant treats them as a shift of that size.
+- A subsampled Gaussian carries `noise_multiplier` = sigma / *one unit's own bound* (a record's clip norm,
+  or a person's), and the accountant applies the adjacency itself through dp_accounting's neighbouring
+  relation, because subsampling amplification is defined per relation (add/remove; replacement is the
+  remove-then-add composition). `privacy.sensitivity` derives the first kind; the methods that record the
+  second (dpft, fedgen, DPGA's subsampled votes) pass the per-unit bound.
 """
 
 from __future__ import annotations
