@@ -138,3 +138,18 @@ def test_the_public_names() -> None:
     with pytest.raises(AttributeError):
         dpsynth.nothing_here  # noqa: B018
     assert json.loads(json.dumps(dpsynth.__version__))
+
+
+def test_resume_takes_no_path_and_a_file_run_takes_no_records(tmp_path: Path, frame: pd.DataFrame,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(DpsynthError, match="continues with the run's own data source"):
+        dpsynth.synthesize(_config(), private="p.csv", out=tmp_path / "run", resume=True)
+    frame.to_csv(tmp_path / "p.csv", index=False)
+    from dpsynth.runs.engine import Run
+
+    Run.create(dpsynth.api.as_config(_config(), tmp_path / "p.csv"), tmp_path / "run").close()
+    with pytest.raises(DpsynthError, match="records were given in Python, but this run reads its data"):
+        Run.resume(tmp_path / "run", private=frame).execute()
+    with pytest.raises(DpsynthError, match="not a finished dpsynth run"):
+        dpsynth.load_run(tmp_path / "run")

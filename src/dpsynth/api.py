@@ -75,6 +75,9 @@ def synthesize(config: RunConfig | dict | str | Path, *, private: Any = None, ou
     if resume:
         if out is None:
             raise DpsynthError("resume=True needs out=, the directory of the run to continue")
+        if private is not None and given is None:
+            raise DpsynthError("resume=True continues with the run's own data source (its config.yaml); give "
+                               "private= only to hand over again records first given in Python")
         runner = Run.resume(Path(out), progress=progress, private=given)
     else:
         parsed = as_config(config, private)
@@ -90,9 +93,12 @@ def load_run(run_dir: str | Path) -> SynthesisResult:
     if not d.is_finished():
         raise DpsynthError(f"{d.root}: not a finished dpsynth run (no synthetic.jsonl and privacy.json); finish it "
                            f"with `dpsynth run --resume {d.root}`")
-    rows = [json.loads(line) for line in d.synthetic.read_text().splitlines() if line.strip()]
-    return SynthesisResult(run_dir=d.root, samples=[Sample(**row) for row in rows],
-                           privacy=json.loads(d.privacy.read_text()), metrics=json.loads(d.metrics.read_text()))
+    try:
+        rows = [json.loads(line) for line in d.synthetic.read_text().splitlines() if line.strip()]
+        return SynthesisResult(run_dir=d.root, samples=[Sample(**row) for row in rows],
+                               privacy=json.loads(d.privacy.read_text()), metrics=json.loads(d.metrics.read_text()))
+    except (OSError, ValueError, TypeError) as err:
+        raise DpsynthError(f"{d.root}: the run's outputs cannot be read ({err}); finish or rerun it") from err
 
 
 def as_config(config: RunConfig | dict | str | Path, private: Any = None) -> RunConfig:

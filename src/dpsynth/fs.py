@@ -114,6 +114,11 @@ class RunDir:
         return self.checkpoints / f"iteration_{t}.json"
 
     @property
+    def usage_at_stop(self) -> Path:
+        """Generator usage when a spend cap stopped the run mid-step (until the next checkpoint counts it)."""
+        return self.checkpoints / "usage_at_stop.json"
+
+    @property
     def releases(self) -> Path:
         """One file per DP release (event + noisy result), written the moment it is released."""
         return self.checkpoints / "releases"

@@ -44,14 +44,15 @@ def settings_for(config: RunConfig, holder: FederatedHolder, labels: list[str], 
 
 
 def simulate(config: RunConfig, task: TaskSpec, embedder: Embedder, holder: Any, program: Callable[[], T],
-             *, min_records: tuple[int, str], on_embedded: Callable[[], None] | None = None) -> T:
+             *, min_records: tuple[int, str], on_embedded: Callable[[], None] | None = None,
+             given: Any = None) -> T:
     """Run `program` (the run's iterations) as the ServerApp of a Flower simulation of the parties.
 
     The experiment's private set is loaded, checked and split into party shards here, on the party
-    side of the simulation; the run engine never holds it.
+    side of the simulation; the run engine never holds it. `given`: records handed over in Python.
     """
     assert isinstance(holder, FederatedHolder)
-    private = load_private(config)
+    private = load_private(config, given=given)
     check_private(config, private, task, min_records=min_records)
     shards = party_shards(config, private, task.label_names, embedder)
     if on_embedded is not None:

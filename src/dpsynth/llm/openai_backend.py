@@ -27,7 +27,7 @@ from typing import Any
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
-from dpsynth.llm.spend import RatePacer
+from dpsynth.llm.spend import RatePacer, worst_case
 
 MAX_RETRY_AFTER = 120.0  # seconds; a server asking for a longer wait is not retried (as the openai client does)
 RETRY_STATUS = frozenset({408, 409, 429})
@@ -66,8 +66,9 @@ def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
     return None
 
 
-def parse_answer(body: bytes, *, chat: bool) -> GenerationResult:
-    """A completion from a response body, or MalformedAnswer naming what is wrong with it."""
+def parse_answer(body: bytes, *, chat: bool, unreported: tuple[int, int] | None = None) -> GenerationResult:
+    """A completion from a response body, or MalformedAnswer naming what is wrong with it. `unreported`:
+    the (prompt, completion) tokens to count when the server reports no usage."""
     try:
         data = json.loads(body)
     except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
@@ -94,11 +95,15 @@ def parse_answer(body: bytes, *, chat: bool) -> GenerationResult:
         raise MalformedAnswer(f"choices[0] has no text (got {type(text).__name__})")
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
 
-    def count(key: str) -> int:
+    def count(key: str) -> int | None:
         value = usage.get(key)
-        return value if isinstance(value, int) and value >= 0 else 0
+        return value if isinstance(value, int) and value >= 0 else None
 
-    return GenerationResult(text, count("prompt_tokens"), count("completion_tokens"))
+    prompt, completion = count("prompt_tokens"), count("completion_tokens")
+    if (prompt is None or completion is None) and unreported is not None:
+        # a server that does not report usage is counted at the worst case, so that spend caps still hold
+        return GenerationResult(text, *unreported)
+    return GenerationResult(text, prompt or 0, completion or 0)
 
 
 class OpenAICompatGenerator:
@@ -208,7 +213,8 @@ class OpenAICompatGenerator:
             )
         else:
             raw = self._client.completions.with_raw_response.create(prompt=request.prompt, **params)
-        return parse_answer(raw.http_response.content, chat=request.messages is not None)
+        return parse_answer(raw.http_response.content, chat=request.messages is not None,
+                            unreported=worst_case(request))
 
     def _retry_delay(self, err: BaseException, attempt: int) -> float | None:
         """Seconds to wait before retrying after `err`, or None if retrying cannot help."""

@@ -3,8 +3,8 @@
 Caps (`max_requests`, `max_total_tokens`, `max_cost` per generator) count what the run has paid for: uncached
 requests and their tokens (`Usage`, carried across resumes in the checkpoints). Before a batch is sent,
 `SpendGuard.admit` lets through only as many requests as cannot cross a cap even if each answer is as long
-as `max_tokens` allows and its prompt as long as estimated (`prompt_tokens_estimate`, a generous 1 token
-per 3 characters); the rest are not sent, and `SpendCapReached` stops the run. Everything paid so far is in
+as `max_tokens` allows and its prompt as long as its UTF-8 bytes (`prompt_tokens_estimate`, an upper bound
+for byte-level BPE); the rest are not sent, and `SpendCapReached` stops the run. Everything paid so far is in
 the request cache and the last checkpoint, so raising the cap in the run's config.yaml and resuming
 continues without paying twice.
 
@@ -51,9 +51,15 @@ class SpendLimits:
         return self.requests_per_minute is not None or self.tokens_per_minute is not None
 
 
+MESSAGE_OVERHEAD = 16  # tokens of chat markup per message, generously
+
+
 def prompt_tokens_estimate(request: GenerationRequest) -> int:
-    """A generous estimate of a request's prompt tokens (1 per 3 characters; English BPE averages about 4)."""
-    return len(request.prompt_text()) // 3 + 1
+    """An upper bound on a request's prompt tokens: its UTF-8 bytes (a byte-level BPE never makes more tokens
+    than bytes, whatever the script) plus chat markup per message. English text is about 4 bytes a token, so
+    caps stop early rather than late."""
+    messages = len(request.messages) if request.messages is not None else 1
+    return len(request.prompt_text().encode("utf-8")) + MESSAGE_OVERHEAD * messages
 
 
 def worst_case(request: GenerationRequest) -> tuple[int, int]:

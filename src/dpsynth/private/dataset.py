@@ -77,6 +77,9 @@ def read_private_file(config: RunConfig, *, quiet: bool = False, given: Any = No
     """The user's private records as written (with the person ids when data.person_column is set), unbounded:
     for the holder's own use (the bound is applied by `load_private`)."""
     d = config.data
+    if given is not None and not d.in_memory:
+        raise DpsynthError("records were given in Python, but this run reads its data from its config "
+                           f"({source_name(config)}); give private= only for a run made with records in memory")
     if d.in_memory and given is None:
         raise DpsynthError("data.in_memory: this run's private records were given in Python; give them again "
                            "(dpsynth.synthesize(config, private=..., resume=True))")

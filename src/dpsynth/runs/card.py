@@ -90,8 +90,9 @@ def privacy_statement(facts: dict[str, Any]) -> str:
     unit = facts["unit_of_privacy"]
     who = ("any one record" if unit == "record" else
            f"any one {unit.split(' ')[0]} (all of their records: {unit})")
+    change = "replacing" if facts["adjacency"] == "replace" else "adding or removing"
     text = (f"The texts were generated with (epsilon = {facts['epsilon']:.4g}, delta = {facts['delta']:.3g})"
-            f"-differential privacy with respect to the private data set, for {who}: adding or removing "
+            f"-differential privacy with respect to the private data set, for {who}: {change} "
             f"{'it' if unit == 'record' else 'them'} changes the probability of any output by at most a factor "
             f"e^epsilon, except with probability delta. The private data was read only through "
             f"{len(facts['releases'])} noisy release(s) ({', '.join(facts['releases'])}), accounted with "

@@ -25,6 +25,7 @@ from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder, check
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, cache_dir, create_owner_only, ensure_writable_dir, lock_run_dir
 from dpsynth.llm.base import Usage
+from dpsynth.llm.spend import SpendCapReached
 from dpsynth.methods.base import MethodState, StepContext
 from dpsynth.methods.resample import RESAMPLE, RESAMPLE_SIGMA, resample_stage
 from dpsynth.privacy.ledger import PrivacyLedger
@@ -128,7 +129,7 @@ class Run:
         t0 = time.perf_counter()
         return simulate(self.config, live.ctx.task, live.embedder, live.holder, lambda: self._iterate(live),
                         min_records=self.method.min_private_records(),
-                        on_embedded=lambda: live.ctx.add_time("embedding", t0))
+                        on_embedded=lambda: live.ctx.add_time("embedding", t0), given=self._given)
 
     def serve(self, grid: Any, flower_context: Any) -> dict:
         """Run as the ServerApp of a deployed Flower federation (parties on their own machines)."""
@@ -174,6 +175,8 @@ class Run:
             log.info("resume at iteration %d with epsilon %.4f spent (%d release(s) restored from release files)",
                      state.next_iteration, ledger.spent().epsilon, len(restored))
         usage = {g.display_name: Usage(prices=prices(g)) for g in cfg.generators}
+        if self.dir.usage_at_stop.exists():  # a spend cap stopped the run mid-step: its paid requests count
+            usage_saved = json.loads(self.dir.usage_at_stop.read_text())
         for name, u in usage_saved.items():
             if name in usage:
                 usage[name] = Usage(**u)
@@ -235,10 +238,14 @@ class Run:
         if not live.ctx.label_shares:
             live.ctx.label_shares = label_shares(self.config, live.ctx.task, live.holder, self.method.label_release())
         for t in range(live.state.next_iteration, steps):
-            if t < self.method.iterations():
-                record = self.method.step(live.ctx, live.state, t)
-            else:
-                record = self._resample(live, t)
+            try:
+                record = self.method.step(live.ctx, live.state, t) if t < self.method.iterations() \
+                    else self._resample(live, t)
+            except SpendCapReached:
+                # what this step paid for is in the request cache, where a resume finds it at no cost: keep its
+                # count, so that the raised cap still counts everything the run paid
+                atomic_write_text(self.dir.usage_at_stop, json.dumps({k: asdict(u) for k, u in live.usage.items()}))
+                raise
             if not self.plan.schedule.is_empty:
                 record["epsilon_spent"] = live.ledger.spent().epsilon
             if live.holder.diagnostics:
@@ -296,6 +303,7 @@ class Run:
         text = json.dumps(payload)
         atomic_write_text(self.dir.iteration_checkpoint(live.state.next_iteration - 1), text)
         atomic_write_text(self.dir.state, text)
+        self.dir.usage_at_stop.unlink(missing_ok=True)  # counted in the checkpoint's usage from now on
 
     def _load_checkpoint(self) -> dict | None:
         path = self.dir.state
