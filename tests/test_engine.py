@@ -88,7 +88,6 @@ def test_every_method_runs_and_pays_what_budget_plans(method: str, labels: str |
     # the dry run's estimate of the requests: what was asked, less the re-asks of dropped or duplicate samples
     planned = plan_privacy(parse_config(raw)).method.planned_requests(2)
     asked = sum(u["requests"] for u in metrics["usage"].values())
-    print(method, planned, asked)
     assert planned <= asked <= 1.5 * planned
     dry = CliRunner().invoke(_typer_app, ["run", str(tmp_path / "run.yaml"), "--dry-run"])
     assert dry.exit_code == 0 and f"generator requests: {planned} in all" in dry.output, dry.output
