@@ -16,7 +16,7 @@ from dpsynth.audit.canaries import plant_canaries
 from dpsynth.audit.signals import bigram_overlap, char_ngram_loglik, nearest_similarity
 from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError
-from dpsynth.methods.fusegen import FuseGen, FuseGenOptions
+from dpsynth.methods.zero_shot import ZeroShot, ZeroShotOptions
 from dpsynth.methods.generation import SyntheticSample
 from dpsynth.methods.registry import register
 from dpsynth.runs.config import parse_config
@@ -85,12 +85,12 @@ def test_canaries_are_seeded_distinct_and_take_turns() -> None:
     assert 10 <= sum(c.included for c in a) <= 30
 
 
-class _LeakyFewShot(FuseGen):
+class _LeakyFewShot(ZeroShot):
     """A broken method for the audit to catch: it claims no private data (epsilon 0) but puts private records
     in its prompts, and its model copies them (here the copy is made directly)."""
 
     name = "test-leaky-fewshot"
-    Options = FuseGenOptions
+    Options = ZeroShotOptions
 
     def step(self, ctx, state, t):
         record = super().step(ctx, state, t)
@@ -224,12 +224,12 @@ def test_audit_does_not_refute_a_dp_run_and_resumes(tmp_path: Path, _isolated) -
     assert paid > 0 and sum(u["cached"] for u in usage.values()) > 0, "the resume reused generations paid before"
 
 
-class _FewShotPromptLeak(FuseGen):
+class _FewShotPromptLeak(ZeroShot):
     """A broken method with a real model: every private record goes into a prompt ("a review like this one"),
     and whatever the model writes is output, while the method claims it uses no private data."""
 
     name = "test-fewshot-prompt-leak"
-    Options = FuseGenOptions
+    Options = ZeroShotOptions
 
     def step(self, ctx, state, t):
         from dpsynth.llm.base import GenerationRequest

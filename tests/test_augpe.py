@@ -1,4 +1,4 @@
-"""Aug-PE's pieces and its accounting; FuseGen's allocation."""
+"""Aug-PE's pieces and its accounting; equal-share allocation."""
 
 from __future__ import annotations
 

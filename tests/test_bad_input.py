@@ -340,9 +340,9 @@ def test_option_ranges_are_checked_before_anything_runs(tmp_path: Path, capsys: 
     from dpsynth.data.public import task_for
     from dpsynth.methods.registry import method_class
 
-    cfg = parse_config({**base, "method": "fusegen", "fusegen": {"n": 1}})
-    with pytest.raises(DpsynthError, match="fusegen.n=1 is smaller than the number of labels"):
-        method_class("fusegen")(cfg).check_task(task_for(cfg))
+    cfg = parse_config({**base, "method": "zero-shot", "zero-shot": {"n": 1}})
+    with pytest.raises(DpsynthError, match="zero-shot.n=1 is smaller than the number of labels"):
+        method_class("zero-shot")(cfg).check_task(task_for(cfg))
     cfg = parse_config({**base, "wasp": {"n": 12, "iterations": 2, "q": 8, "s": 2}})
     method_class("wasp")(cfg).check_task(task_for(cfg))
     assert "wasp.q=8 exceeds the samples each label gets per iteration (about 3" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""A tiny real bench grid: WASP, Aug-PE (each PLM), FuseGen and private-only on TREC with the local models."""
+"""A tiny real bench grid: WASP, Aug-PE (each PLM), equal-share zero-shot and private-only on TREC with the local models."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ def test_tiny_bench_grid(tmp_path: Path) -> None:
             "generators": [{"model": "smollm2-135m-instruct", "name": "smol"}, {"model": "gemma3-270m", "name": "gemma"}],
             "wasp": {"n": 12, "iterations": 2, "q": 2, "s": 2, "max_tokens": 24},
             "augpe": {"n": 6, "iterations": 2, "max_tokens": 24},
-            "fusegen": {"n": 12, "max_tokens": 24},
+            "zero-shot": {"n": 12, "max_tokens": 24},
             "privacy": {"delta": 1e-5, "noise_seed": 0},
         },
         "variants": [
             {"name": "wasp", "method": "wasp"},
             {"name": "augpe", "method": "augpe"},
-            {"name": "fusegen", "method": "fusegen"},
+            {"name": "zero-shot", "method": "zero-shot"},
             {"name": "private_only", "method": "private_only"},
         ],
         "epsilons": [4.0],
@@ -42,11 +42,11 @@ def test_tiny_bench_grid(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "out" / "results.csv")))
-    assert sorted(r["variant"] for r in rows) == ["augpe", "augpe", "augpe:zero_shot", "augpe:zero_shot", "fusegen",
-                                                  "private_only", "wasp", "wasp:zero_shot"]  # + runs' own references
+    assert sorted(r["variant"] for r in rows) == ["augpe", "augpe", "augpe:zero_shot", "augpe:zero_shot", "private_only",
+                                                  "wasp", "wasp:zero_shot", "zero-shot"]  # + runs' own references
     by = {(r["variant"], r["plms"]): r for r in rows}
     assert float(by[("wasp", "smol+gemma")]["epsilon_spent"]) <= 4.0
-    assert float(by[("fusegen", "smol+gemma")]["epsilon_spent"]) == 0.0
+    assert float(by[("zero-shot", "smol+gemma")]["epsilon_spent"]) == 0.0
     assert by[("private_only", "smol+gemma")]["note"].startswith("private samples, NOT DP")
     for r in rows:
         assert 0.0 <= float(r["accuracy"]) <= 1.0

@@ -25,13 +25,13 @@ def test_variant_epsilons_and_plms_expand_to_the_right_cells() -> None:
         "variants": [{"name": "wasp", "method": "wasp", "epsilons": [1.0, "inf"]},
                      {"name": "augpe", "method": "augpe"},
                      {"name": "augpe", "method": "augpe", "plms": ["gemma"], "epsilons": [8.0], "seeds": [5]},
-                     {"name": "fusegen", "method": "fusegen"}]})
+                     {"name": "zero-shot", "method": "zero-shot"}]})
     names = [c["name"] for c in cells(bench)]
     assert names[:4] == ["wasp-all-eps1.0-seed0", "wasp-all-eps1.0-seed1", "wasp-all-epsinf-seed0",
                          "wasp-all-epsinf-seed1"]
     assert "augpe-smol-eps4.0-seed0" in names and "augpe-gemma-eps8.0-seed5" in names
     assert "augpe-gemma-eps8.0-seed0" not in names
-    assert "augpe-smol-eps8.0-seed0" not in names and "fusegen-all-epsNone-seed0" in names
+    assert "augpe-smol-eps8.0-seed0" not in names and "zero-shot-all-epsNone-seed0" in names
     inf_cell = next(c for c in cells(bench) if c["name"] == "wasp-all-epsinf-seed0")
     assert math.isinf(parse_config(inf_cell["config"]).privacy.epsilon)
     bad = bench.model_copy(update={"variants": [bench.variants[0].model_copy(update={"plms": ["nope"]})]})
@@ -55,12 +55,12 @@ def test_only_runs_the_named_variants_and_what_they_are_compared_with(tmp_path: 
     from dpsynth.bench.grid import needed_variants, run_grid
     from dpsynth.runs import engine
 
-    bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "baseline": "fusegen", "variants": [
+    bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "baseline": "zero-shot", "variants": [
         {"name": "wasp", "method": "wasp"}, {"name": "augpe", "method": "augpe", "plms": ["gemma"]},
         {"name": "q1", "method": "wasp", "compare_with": ["wasp", "augpe:zero_shot"]},
-        {"name": "fusegen", "method": "fusegen"}]})
-    assert needed_variants(bench, ["q1"]) == {"q1", "wasp", "augpe", "fusegen"}
-    assert needed_variants(bench, ["fusegen"]) == {"fusegen"}
+        {"name": "zero-shot", "method": "zero-shot"}]})
+    assert needed_variants(bench, ["q1"]) == {"q1", "wasp", "augpe", "zero-shot"}
+    assert needed_variants(bench, ["zero-shot"]) == {"zero-shot"}
     with pytest.raises(DpsynthError, match="not a variant of"):
         needed_variants(bench, ["nope"])
 
@@ -70,8 +70,8 @@ def test_only_runs_the_named_variants_and_what_they_are_compared_with(tmp_path: 
             raise RuntimeError(f"ran {Path(root).name}")
 
     monkeypatch.setattr(engine, "Run", Refuse)
-    with pytest.raises(RuntimeError, match="ran fusegen-"):  # wasp, augpe and q1 come first and are skipped
-        run_grid(bench, tmp_path, log=lambda line: None, only=["fusegen"])
+    with pytest.raises(RuntimeError, match="ran zero-shot-"):  # wasp, augpe and q1 come first and are skipped
+        run_grid(bench, tmp_path, log=lambda line: None, only=["zero-shot"])
     with pytest.raises(RuntimeError, match="ran wasp-"):
         run_grid(bench, tmp_path, log=lambda line: None, only=["q1"])
 
@@ -79,12 +79,12 @@ def test_only_runs_the_named_variants_and_what_they_are_compared_with(tmp_path: 
 def test_federated_base_is_dropped_for_methods_without_private_votes() -> None:
     bench = BenchConfig.model_validate({
         "base": {**BASE, "federated": {"parties": 3}}, "seeds": [0],
-        "variants": [{"name": "wasp", "method": "wasp"}, {"name": "fusegen", "method": "fusegen"},
+        "variants": [{"name": "wasp", "method": "wasp"}, {"name": "zero-shot", "method": "zero-shot"},
                      {"name": "private_only", "method": "private_only"}]})
     by_method = {c["method"]: c["config"] for c in cells(bench)}
     assert parse_config(by_method["wasp"]).federated is not None
-    assert "federated" not in by_method["fusegen"] and "federated" not in by_method["private_only"]
-    parse_config(by_method["fusegen"])  # valid: fusegen has no federated mode
+    assert "federated" not in by_method["zero-shot"] and "federated" not in by_method["private_only"]
+    parse_config(by_method["zero-shot"])  # valid: zero-shot has no federated mode
 
 
 def test_a_zero_shot_cell_with_dp_label_proportions_has_an_epsilon() -> None:
@@ -92,8 +92,8 @@ def test_a_zero_shot_cell_with_dp_label_proportions_has_an_epsilon() -> None:
     (name, epsilon column) as a run without privacy cost."""
     bench = BenchConfig.model_validate({
         "base": {**BASE, "federated": {"parties": 3}}, "seeds": [0], "epsilons": [4.0],
-        "variants": [{"name": "zs", "method": "fusegen"},
-                     {"name": "zs-dp", "method": "fusegen", "overrides": {"privacy": {"label_proportions": "dp"}}}]})
+        "variants": [{"name": "zs", "method": "zero-shot"},
+                     {"name": "zs-dp", "method": "zero-shot", "overrides": {"privacy": {"label_proportions": "dp"}}}]})
     by_name = {c["variant"]: c for c in cells(bench)}
     assert by_name["zs"]["epsilon"] is None and by_name["zs"]["name"] == "zs-all-epsNone-seed0"
     assert by_name["zs-dp"]["epsilon"] == 4.0 and by_name["zs-dp"]["name"] == "zs-dp-all-eps4.0-seed0"
@@ -104,7 +104,7 @@ def test_a_zero_shot_cell_with_dp_label_proportions_has_an_epsilon() -> None:
 def test_reports_handle_infinite_epsilon(tmp_path: Path) -> None:
     rows = [{"name": f"wasp-{e}-{s}", "variant": "wasp", "method": "wasp", "plms": "all", "epsilon": e, "seed": s,
              "accuracy": 0.6 + 0.01 * s, "fid": 0.5} for e in (1.0, 4.0, math.inf) for s in (0, 1)]
-    rows += [{"name": "fusegen", "variant": "fusegen", "method": "fusegen", "plms": "all", "epsilon": None, "seed": 0,
+    rows += [{"name": "zero-shot", "variant": "zero-shot", "method": "zero-shot", "plms": "all", "epsilon": None, "seed": 0,
               "accuracy": 0.62, "fid": 0.4}]
     table = markdown_table(rows)
     assert "eps=inf" in table.splitlines()[0] and "60.50 ± 0.71" in table
@@ -125,15 +125,15 @@ def test_paired_intervals_cover_a_known_difference_and_are_empty_for_identical_m
     same = paired_difference(a, a)
     assert same["difference"] == same["low"] == same["high"] == 0.0
     rows = [{"variant": v, "plms": "x", "epsilon": e, "seed": s, "correct": c[s]}
-            for v, e, c in (("fusegen", None, b), ("wasp", 4.0, a)) for s in range(5)]
-    text = paired_markdown(rows, "fusegen")
-    assert "| wasp | x | 4 | fusegen | 5 | +7.97 * |" in text
+            for v, e, c in (("zero-shot", None, b), ("wasp", 4.0, a)) for s in range(5)]
+    text = paired_markdown(rows, "zero-shot")
+    assert "| wasp | x | 4 | zero-shot | 5 | +7.97 * |" in text
     rows += [{"variant": "half", "plms": "x", "epsilon": 4.0, "seed": s, "correct": a[s]} for s in range(5)]
-    rows += [{"variant": "fusegen-half", "plms": "x", "epsilon": None, "seed": s, "correct": a[s]} for s in range(5)]
-    text = paired_markdown(rows, "fusegen", {"half": ["fusegen-half"]})
-    assert "| half | x | 4 | fusegen-half | 5 | +0.00 |" in text, "a variant is paired with its own comparator"
-    text = paired_markdown(rows, "fusegen", {"half": ["fusegen-half", "fusegen"]})
-    assert "| half | x | 4 | fusegen-half | 5 | +0.00 |" in text and "| half | x | 4 | fusegen | 5 | +7.97 * |" in text
+    rows += [{"variant": "zero-shot-half", "plms": "x", "epsilon": None, "seed": s, "correct": a[s]} for s in range(5)]
+    text = paired_markdown(rows, "zero-shot", {"half": ["zero-shot-half"]})
+    assert "| half | x | 4 | zero-shot-half | 5 | +0.00 |" in text, "a variant is paired with its own comparator"
+    text = paired_markdown(rows, "zero-shot", {"half": ["zero-shot-half", "zero-shot"]})
+    assert "| half | x | 4 | zero-shot-half | 5 | +0.00 |" in text and "| half | x | 4 | zero-shot | 5 | +7.97 * |" in text
 
 
 def test_a_variant_may_be_paired_with_several_comparators() -> None:
@@ -209,7 +209,7 @@ def test_the_fine_tuned_encoder_scores_finished_cells_and_gets_its_own_tables(tm
 
     bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "eval_distribution": False,
                                         "classifiers": ["probe", "finetune"],
-                                        "variants": [{"name": "fusegen", "method": "fusegen"}]})
+                                        "variants": [{"name": "zero-shot", "method": "zero-shot"}]})
     (cell,) = cells(bench)
     run = tmp_path / "cells" / cell["name"]
     run.mkdir(parents=True)

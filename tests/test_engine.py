@@ -45,7 +45,7 @@ def _config(tmp_path: Path, method: str, **privacy) -> dict:
         "data": {"private": str(csv)},
         "task": {"text_kind": "review", "labels": {"pos": "a positive review", "neg": "a negative review"}},
         "generators": generators,
-        method: {"fusegen": {"n": 12}, "dpga": {"n": 12, "generations": 2, "length_cap": 64}}.get(
+        method: {"zero-shot": {"n": 12}, "fusegen": {"n": 12, "rounds": 2, "examples": 2}, "dpga": {"n": 12, "generations": 2, "length_cap": 64}}.get(
             method, {"n": 12, "iterations": 3}),
         "privacy": {"epsilon": 2.0, "delta": 1e-3, "label_proportions": "dp", **privacy},
         "evaluate": False,
@@ -81,7 +81,7 @@ def test_every_method_runs_and_pays_what_budget_plans(method: str, labels: str |
     names = [e["name"] for e in privacy["events"]]
     assert (names[0] in ("labels.histogram", "dpga.labels")) == (labels == "dp") and len(names) == len(set(names))
     assert "epsilon spent" in CliRunner().invoke(_typer_app, ["budget", "--config", str(tmp_path / "run.yaml")]).output \
-        or method == "fusegen"
+        or method in ("zero-shot", "fusegen")
     assert (tmp_path / "run" / "synthetic.jsonl").read_text().count("\n") >= 6
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert "voting" not in metrics["timings"], "private-side time (it grows with M) stays out of metrics.json"

@@ -72,7 +72,7 @@ def test_party_refuses_more_records_than_the_public_bound() -> None:
 def test_federated_config_errors_are_clear() -> None:
     base = {"data": {"corpus": "trec", "m": 60}, "generators": [{"model": "smollm2-135m-instruct"}]}
     with pytest.raises(DpsynthError, match="no federated mode"):
-        parse_config({**base, "method": "fusegen", "federated": {"parties": 3}})
+        parse_config({**base, "method": "zero-shot", "federated": {"parties": 3}})
     # private label proportions are a federated round (every party's counts, summed by SecAgg+)
     parse_config({**base, "privacy": {"label_proportions": "dp"}, "federated": {"parties": 3}})
     with pytest.raises(DpsynthError, match="exceeds parties"):

@@ -86,7 +86,7 @@ def test_the_cluster_histogram_has_sensitivity_one_by_brute_force() -> None:
     _, private, private_labels, histogram = _histogram_case(1, 30)
     full = histogram(private, private_labels)
     assert full.sum() == 30
-    plan = plan_for_method("fusegen", epsilon=1.0, resample={"clusters": 3})
+    plan = plan_for_method("zero-shot", epsilon=1.0, resample={"clusters": 3})
     bound = plan.schedule.get(RESAMPLE).sensitivity
     worst = max(np.linalg.norm(full - histogram(np.delete(private, i, 0), np.delete(private_labels, i)))
                 for i in range(30))
@@ -94,7 +94,7 @@ def test_the_cluster_histogram_has_sensitivity_one_by_brute_force() -> None:
 
 
 def test_the_stage_adds_one_release_to_any_method_and_calibrates_with_it() -> None:
-    alone = plan_for_method("fusegen", epsilon=1.0, delta=1e-5, resample={"clusters": 4})
+    alone = plan_for_method("zero-shot", epsilon=1.0, delta=1e-5, resample={"clusters": 4})
     knobs = alone.calibrate()
     assert [r.name for r in alone.schedule.releases] == [RESAMPLE]
     assert alone.epsilon_of(knobs) == pytest.approx(1.0, rel=1e-3), "alone, the histogram takes the whole budget"
@@ -115,7 +115,7 @@ def test_votes_per_bin_rule_reads_noisy_values_only() -> None:
     assert votes_per_bin_over_noise(noisy, 0.0) is None
 
 
-def _resample_config(tmp_path: Path, method: str = "fusegen") -> dict:
+def _resample_config(tmp_path: Path, method: str = "zero-shot") -> dict:
     raw = _config(tmp_path, method)
     raw["privacy"]["label_proportions"] = None
     raw["resample"] = {"clusters": 2, "target": 10}
@@ -165,14 +165,14 @@ def test_a_crash_in_the_stage_resumes_without_paying_twice(tmp_path: Path) -> No
 
 def test_bench_treats_a_resampled_zero_shot_variant_as_private() -> None:
     bench = BenchConfig(base={"data": {"corpus": "rotten_tomatoes", "m": 100}, "generators": [{"model": "a"}]},
-                        variants=[{"name": "fusegen", "method": "fusegen"},
-                                  {"name": "fusegen-resampled", "method": "fusegen",
+                        variants=[{"name": "zero-shot", "method": "zero-shot"},
+                                  {"name": "zero-shot-resampled", "method": "zero-shot",
                                    "overrides": {"resample": {"clusters": 2}}}],
                         epsilons=[1.0, 4.0], seeds=[0])
     by_variant = {}
     for cell in cells(bench):
         by_variant.setdefault(cell["variant"], []).append(cell["epsilon"])
-    assert by_variant == {"fusegen": [None], "fusegen-resampled": [1.0, 4.0]}
+    assert by_variant == {"zero-shot": [None], "zero-shot-resampled": [1.0, 4.0]}
 
 
 def test_empty_kmeans_centroids_get_no_bin_and_the_target_is_met() -> None:
@@ -194,6 +194,6 @@ def test_the_cluster_histogram_under_replace_adjacency_by_brute_force() -> None:
             other, other_labels = private.copy(), private_labels.copy()
             other[i], other_labels[i] = rng.normal(size=6), rng.integers(0, 2)
             worst = max(worst, np.linalg.norm(full - histogram(other, other_labels)))
-    bound = plan_for_method("fusegen", epsilon=1.0, adjacency="replace",
+    bound = plan_for_method("zero-shot", epsilon=1.0, adjacency="replace",
                             resample={"clusters": 3}).schedule.get(RESAMPLE).sensitivity
     assert worst <= bound + 1e-12 and bound == pytest.approx(math.sqrt(2))

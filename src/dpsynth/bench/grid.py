@@ -41,6 +41,9 @@ class Variant(BaseModel):
     compare_with: str | list[str] | None = Field(
         None, description="the variant(s) this one is paired with (default: the bench's baseline), e.g. the "
         "zero-shot runs with the same number of outputs and with the same number of generator calls")
+    sample_weights: Literal["auto", "none", "swa"] = Field(
+        "auto", description="the classifiers' sample weights: the run's own (FuseGen's) if any, none, or FuseGen's "
+        "self-boosting weights computed on this variant's final set (post-processing, no privacy cost)")
 
     def paired_with(self) -> list[str]:
         return [self.compare_with] if isinstance(self.compare_with, str) else list(self.compare_with or [])
@@ -58,7 +61,7 @@ class BenchConfig(BaseModel):
         default_factory=lambda: ["probe"], min_length=1,
         description="downstream classifiers scored per cell: the logistic-regression probe on sentence embeddings "
         "(fast; always computed) and the fine-tuned MiniLM encoder (the papers' small task model; ~1-2 min a cell)")
-    baseline: str | None = Field("fusegen", description="variant every other one is compared with, paired "
+    baseline: str | None = Field("zero-shot", description="variant every other one is compared with, paired "
                                     "by seed and test example (95% bootstrap intervals)")
 
 
@@ -106,7 +109,7 @@ def cells(bench: BenchConfig) -> list[dict]:
             for eps in epsilons:
                 for seed in v.seeds or bench.seeds:
                     raw = _merge(bench.base, v.overrides)
-                    raw.update(method=v.method if cls is not None else "fusegen", generators=plms, seed=seed)
+                    raw.update(method=v.method if cls is not None else "zero-shot", generators=plms, seed=seed)
                     if eps is not None:
                         raw = _merge(raw, {"privacy": {"epsilon": eps}})
                     if not private_votes:
@@ -115,7 +118,7 @@ def cells(bench: BenchConfig) -> list[dict]:
                         raw.pop("federated", None)
                     name = f"{v.name}-{plm_tag if alone else 'all'}-eps{eps}-seed{seed}"
                     out.append({"name": name, "variant": v.name, "method": v.method, "plms": plm_tag,
-                                "epsilon": eps, "seed": seed, "config": raw})
+                                "epsilon": eps, "seed": seed, "config": raw, "sample_weights": v.sample_weights})
     _check_comparators(bench, out)
     return out
 
@@ -185,8 +188,8 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
                 runner = (Run.resume(cell_dir.root, progress=progress) if cell_dir.is_started()
                           else Run.create(config, cell_dir.root, progress=progress))
                 runner.execute()
-            if not cell_dir.evaluation.exists():
-                evaluate_run(cell_dir.root, test, with_mauve=bench.eval_distribution)
+            if not _evaluated_as(cell_dir, cell["sample_weights"]):
+                evaluate_run(cell_dir.root, test, with_mauve=bench.eval_distribution, weights=cell["sample_weights"])
             if "finetune" in bench.classifiers and run_missing_here and not _has_finetuned(cell_dir):
                 log(f"fine-tuning the classifier of {cell['name']}")
                 add_finetuned(cell_dir.root, test)
@@ -195,6 +198,14 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
         rows.append(row)
     _write_csv(out / "results.csv", rows)
     return rows
+
+
+def _evaluated_as(cell_dir: RunDir, weights: str) -> bool:
+    """The cell has an eval.json scored with the variant's sample weights (a changed setting re-scores it)."""
+    from dpsynth.evaluate.run_eval import evaluated_weights
+
+    used = evaluated_weights(cell_dir.root)
+    return used is not None and (used in ("run", "none") if weights == "auto" else used == weights)
 
 
 def _private_only(cell: dict, config, test) -> dict:

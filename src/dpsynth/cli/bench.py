@@ -13,9 +13,9 @@ def _test_labels(spec) -> list[str] | None:
     from dpsynth.data.public import load_test
     from dpsynth.runs.config import parse_config
 
-    # only the data section matters here; a federated base would not parse as a (non-federated) fusegen run
+    # only the data section matters here; a federated base would not parse as a (non-federated) zero-shot run
     base = {k: v for k, v in spec.base.items() if k != "federated"}
-    test = load_test(parse_config({**base, "method": "fusegen"}, "bench base"))
+    test = load_test(parse_config({**base, "method": "zero-shot"}, "bench base"))
     return None if test is None else list(test.labels)
 
 

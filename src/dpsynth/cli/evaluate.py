@@ -13,6 +13,12 @@ class Classifier(str, Enum):
     finetune = "finetune"
 
 
+class Weights(str, Enum):
+    auto = "auto"
+    none = "none"
+    swa = "swa"
+
+
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A finished run directory."),
     test: str = typer.Option(..., "--test", help="Real labelled test file, or corpus:NAME for a corpus' test split."),
@@ -21,6 +27,9 @@ def evaluate(
     classifier: Classifier = typer.Option(Classifier.probe, "--classifier",
                                           help="probe (fast) or finetune (MiniLM encoder, slower)."),
     mauve: bool = typer.Option(True, "--mauve/--no-mauve"),
+    weights: Weights = typer.Option(Weights.auto, "--weights",
+                                    help="classifier sample weights: auto (the run's own, e.g. FuseGen's), none, "
+                                         "or swa (FuseGen's self-boosting weights for any run's set)."),
 ) -> None:
     """Downstream accuracy, FID, MAUVE, precision/recall and diversity; writes RUN_DIR/eval.json."""
     from dpsynth.data.public import test_set as load_test_set
@@ -29,7 +38,7 @@ def evaluate(
     _, rows = load_run(run_dir)  # check the run (config.yaml, synthetic.jsonl) before loading any model
     test_set = load_test_set(test, text_column, label_column)
     check_labels_match({str(r["label"]) for r in rows}, set(test_set.labels), test)
-    result = evaluate_run(run_dir, test_set, classifier=classifier.value, with_mauve=mauve)
+    result = evaluate_run(run_dir, test_set, classifier=classifier.value, with_mauve=mauve, weights=weights.value)
     for line in summary_rows(result):
         typer.echo(line)
     typer.echo(f"written: {run_dir}/eval.json")

@@ -42,9 +42,11 @@ def finetune_scores(
     test_labels: Sequence[str],
     settings: FinetuneSettings = FinetuneSettings(),
     backbone: str = DEFAULT_EMBEDDER,
+    sample_weight: np.ndarray | None = None,
 ) -> dict:
     """Accuracy and macro-F1 on the test set, and per test example which answers were right and what was
-    predicted (so that bench can pair methods by test example, as for the probe)."""
+    predicted (so that bench can pair methods by test example, as for the probe). `sample_weight` weights
+    each sample's loss (FuseGen's mean of w_i CE_i)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -58,13 +60,15 @@ def finetune_scores(
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=len(classes))
     optim = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
     y = torch.tensor([index[c] for c in train_labels])
+    w = torch.ones(len(train_labels)) if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float32)
     rng = np.random.default_rng(settings.seed)
     model.train()
     for _ in range(settings.epochs_for(len(train_texts))):
         for batch in np.array_split(rng.permutation(len(train_texts)), max(1, len(train_texts) // settings.batch_size)):
             enc = tok([train_texts[i] for i in batch], truncation=True, max_length=settings.max_length,
                       padding=True, return_tensors="pt")
-            loss = model(**enc, labels=y[batch]).loss
+            logits = model(**enc).logits
+            loss = (w[batch] * torch.nn.functional.cross_entropy(logits, y[batch], reduction="none")).mean()
             loss.backward()
             optim.step()
             optim.zero_grad()
@@ -82,5 +86,6 @@ def finetune_scores(
         "macro_f1": float(f1_score(test_labels, preds, labels=sorted(set(test_labels)), average="macro",
                                    zero_division=0)),
         "train_size": len(train_texts),
+        "weighted": sample_weight is not None,
         "test_size": len(test_texts),
     }

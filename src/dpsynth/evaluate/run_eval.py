@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
+import numpy as np
 import yaml
 
 from dpsynth.data.records import LabelledTexts
@@ -24,7 +26,12 @@ from dpsynth.embed.sentence import (
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate.distribution import distribution_report
 from dpsynth.evaluate.downstream import probe_scores
+from dpsynth.evaluate.self_boosting import self_boosting_weights
 from dpsynth.fs import RunDir, atomic_write_text
+
+# how the final set's classifier weights its samples: the run's own weights if it wrote any (FuseGen's), none,
+# or FuseGen's self-boosting weights computed here for any method's set (post-processing: no privacy cost)
+SampleWeights = Literal["auto", "none", "swa"]
 
 
 def read_synthetic(run_dir: Path) -> list[dict]:
@@ -90,6 +97,7 @@ def evaluate_run(
     classifier: str = "probe",
     with_mauve: bool = True,
     per_iteration: bool = True,
+    weights: SampleWeights = "auto",
 ) -> dict:
     run_dir = Path(run_dir)
     config, rows = load_run(run_dir)  # a damaged run fails here, before any model loads
@@ -99,7 +107,9 @@ def evaluate_run(
     emb = synth.encode([r["text"] for r in rows])
     iterations = sorted({r.get("iteration", 0) for r in rows})
     cutoffs = iterations if per_iteration else iterations[-1:]
-    out: dict = {"test_size": len(test), "reference": "real test set (not the private data)", "iterations": []}
+    final_weights, used = _final_weights(rows, emb, weights, config["seed"])
+    out: dict = {"test_size": len(test), "reference": "real test set (not the private data)",
+                 "sample_weights": used, "iterations": []}
     for last in cutoffs:
         idx = [i for i, r in enumerate(rows) if r.get("iteration", 0) <= last]
         texts = [rows[i]["text"] for i in idx]
@@ -108,7 +118,9 @@ def evaluate_run(
             "up_to_iteration": last,
             "samples": len(idx),
             "per_label": dict(Counter(labels)),
-            "probe": probe_scores(emb[idx], labels, test_emb, test.labels, seed=config["seed"]),
+            # the weights belong to the final set: earlier cut-offs are scored unweighted
+            "probe": probe_scores(emb[idx], labels, test_emb, test.labels, seed=config["seed"],
+                                  sample_weight=final_weights if last == cutoffs[-1] else None),
             **distribution_report(emb[idx], texts, test_emb, with_mauve=with_mauve, seed=config["seed"]),
         }
         out["iterations"].append(entry)
@@ -118,6 +130,27 @@ def evaluate_run(
     out["final"] = out["iterations"][-1]
     atomic_write_text(RunDir(run_dir).evaluation, json.dumps(out, indent=2, default=float))
     return add_finetuned(run_dir, test) if classifier == "finetune" else out
+
+
+def _final_weights(rows: list[dict], emb: np.ndarray, mode: SampleWeights, seed: int
+                   ) -> tuple[np.ndarray | None, str]:
+    """The final set's sample weights and where they came from ("run", "swa" or "none")."""
+    has = [r.get("weight") is not None for r in rows]
+    if mode == "none" or (mode == "auto" and not any(has)):
+        return None, "none"
+    if mode == "auto":
+        if not all(has):
+            raise DpsynthError("synthetic.jsonl gives a weight to some samples only; the file is damaged")
+        return np.array([float(r["weight"]) for r in rows]), "run"
+    labels = sorted({r["label"] for r in rows})
+    y = np.array([labels.index(r["label"]) for r in rows])
+    return self_boosting_weights(emb, y, len(labels), seed=seed).weights, "swa"
+
+
+def evaluated_weights(run_dir: Path) -> str | None:
+    """Which weights an evaluated run's eval.json used (None: not evaluated)."""
+    path = RunDir(run_dir).evaluation
+    return json.loads(path.read_text()).get("sample_weights", "none") if path.is_file() else None
 
 
 def add_finetuned(run_dir: Path, test: LabelledTexts) -> dict:
@@ -130,9 +163,14 @@ def add_finetuned(run_dir: Path, test: LabelledTexts) -> dict:
     if out.get("test_size") != len(test):
         raise DpsynthError(f"{run_dir}: eval.json was scored on another test set ({out.get('test_size')} examples, "
                            f"not {len(test)}); run dpsynth eval again")
+    weights = None
+    if out.get("sample_weights", "none") != "none":  # the probe's weights, for the same final set
+        emb = CachedEmbedder(SentenceTransformerEmbedder(config["embedder"]), RunDir(run_dir).synthetic_embeddings)
+        weights, _ = _final_weights(rows, emb.encode([r["text"] for r in rows]),
+                                    "auto" if out["sample_weights"] == "run" else "swa", config["seed"])
     out["final"]["finetuned_encoder"] = finetune_scores(
         [r["text"] for r in rows], [r["label"] for r in rows], test.texts, test.labels,
-        FinetuneSettings(seed=config["seed"]),
+        FinetuneSettings(seed=config["seed"]), sample_weight=weights,
     )
     atomic_write_text(RunDir(run_dir).evaluation, json.dumps(out, indent=2, default=float))
     return out

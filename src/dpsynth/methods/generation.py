@@ -22,6 +22,17 @@ class SyntheticSample:
     label: str
     plm: str
     iteration: int
+    # a training weight for the downstream classifier (FuseGen's self-boosting weights), None when unweighted
+    weight: float | None = None
+
+
+def sample_weights(samples: Sequence[SyntheticSample]) -> np.ndarray | None:
+    """The samples' classifier weights, or None when the set is unweighted (a partly weighted set is a bug)."""
+    if all(x.weight is None for x in samples):
+        return None
+    if any(x.weight is None for x in samples):
+        raise ValueError("some samples carry a weight and some do not")
+    return np.array([x.weight for x in samples], dtype=np.float64)
 
 
 @dataclass

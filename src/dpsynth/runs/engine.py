@@ -33,7 +33,14 @@ from dpsynth.privacy.report import summary_lines
 from dpsynth.private.holder import HolderRequests, ReleasingHolder
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.runs import outputs
-from dpsynth.runs.build import build_generators, build_holder, check_before_start, label_shares, prices
+from dpsynth.runs.build import (
+    build_generators,
+    build_holder,
+    check_before_start,
+    label_shares,
+    prices,
+    reads_private,
+)
 from dpsynth.runs.config import dump_config, load_config
 from dpsynth.runs.planning import PrivacyPlan, plan_privacy
 
@@ -325,7 +332,8 @@ class Run:
         samples = live.state.resampled if live.state.resampled is not None else before
         outputs.write_synthetic(self.dir, samples)
         description = self.plan.describe(live.knobs)
-        report = outputs.write_privacy(self.dir, live.ledger, live.holder.noise.mode, description)
+        report = outputs.write_privacy(self.dir, live.ledger, live.holder.noise.mode, description,
+                                       private_records_read=reads_private(self.plan))
         outputs.write_card(self.dir, cfg, ctx.task, report, samples)
         evaluation = None
         if cfg.evaluate and live.test is not None:

@@ -15,7 +15,7 @@ from dpsynth.evaluate.downstream import probe_scores
 from dpsynth.fs import RunDir, atomic_write_bytes, atomic_write_text
 from dpsynth.llm.base import Usage
 from dpsynth.methods.base import StepContext
-from dpsynth.methods.generation import SyntheticSample
+from dpsynth.methods.generation import SyntheticSample, sample_weights
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import privacy_report, write_privacy_report
 from dpsynth.runs.card import PARQUET, dataset_card
@@ -25,19 +25,22 @@ PRIVATE_TIMINGS = ("voting", "training")
 
 
 def write_synthetic(run_dir: RunDir, samples: list[SyntheticSample]) -> None:
-    rows = [{"text": x.text, "label": x.label, "plm": x.plm, "iteration": x.iteration} for x in samples]
+    weighted = any(x.weight is not None for x in samples)
+    rows = [{"text": x.text, "label": x.label, "plm": x.plm, "iteration": x.iteration,
+             **({"weight": x.weight} if weighted else {})} for x in samples]
     atomic_write_text(run_dir.synthetic, "".join(json.dumps(row) + "\n" for row in rows))
     atomic_write_bytes(run_dir.root / PARQUET, parquet_bytes(rows))
 
 
 def parquet_bytes(rows: list[dict[str, Any]]) -> bytes:
-    """The synthetic rows as a Parquet file (columns text, label, plm, iteration)."""
+    """The synthetic rows as a Parquet file (columns text, label, plm, iteration, and weight when weighted)."""
     import io
 
     import pandas as pd
 
     buf = io.BytesIO()
-    frame = pd.DataFrame(rows, columns=["text", "label", "plm", "iteration"]).astype({"iteration": "int64"})
+    columns = ["text", "label", "plm", "iteration"] + (["weight"] if rows and "weight" in rows[0] else [])
+    frame = pd.DataFrame(rows, columns=columns).astype({"iteration": "int64"})
     frame.to_parquet(buf, index=False)
     return buf.getvalue()
 
@@ -47,9 +50,12 @@ def write_card(run_dir: RunDir, config: RunConfig, task: TaskSpec, report: dict,
     atomic_write_text(run_dir.root / "README.md", dataset_card(config, task, report, [x.label for x in samples]))
 
 
-def write_privacy(run_dir: RunDir, ledger: PrivacyLedger, noise_mode: str, plan: dict | None) -> dict:
-    """The privacy report, written only if the ledger is within its budget (checked here, at release)."""
-    report = privacy_report(ledger, noise_mode=noise_mode, plan=plan)
+def write_privacy(run_dir: RunDir, ledger: PrivacyLedger, noise_mode: str, plan: dict | None,
+                  private_records_read: bool = True) -> dict:
+    """The privacy report, written only if the ledger is within its budget (checked here, at release).
+    `private_records_read` says whether the data holder opened the private data at all (a method without
+    private releases, e.g. zero-shot or FuseGen, never does)."""
+    report = {**privacy_report(ledger, noise_mode=noise_mode, plan=plan), "private_records_read": private_records_read}
     if not report["within_budget"]:
         raise AssertionError("ledger exceeds the budget at release: refusing to write outputs")
     write_privacy_report(run_dir.privacy, report)
@@ -65,7 +71,8 @@ def evaluate_sets(ctx: StepContext, embedder: Embedder, test: LabelledTexts,
     for name, subset in sets.items():
         emb = ctx.embed_synthetic(subset)
         # per test example (public test split): lets a bench pair the final set with each reference set
-        out[name] = probe_scores(emb, [x.label for x in subset], test_emb, test.labels, seed=seed)
+        out[name] = probe_scores(emb, [x.label for x in subset], test_emb, test.labels, seed=seed,
+                                 sample_weight=sample_weights(subset))
     ctx.add_time("evaluation", t0)
     return out
 
