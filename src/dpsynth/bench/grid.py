@@ -260,10 +260,12 @@ def _finetuned_columns(scores: dict | None) -> dict:
 def _reference_rows(cell: dict, cell_dir: RunDir, row: dict) -> list[dict]:
     """The method's own reference sets, evaluated inside the run on the same test split (e.g. fedgen's stage 3
     before refinement), as rows named `variant:set`: paired with the final set by seed and test example."""
-    evaluation = json.loads(cell_dir.metrics.read_text()).get("evaluation") or {}
+    metrics = json.loads(cell_dir.metrics.read_text())
+    evaluation = metrics.get("evaluation") or {}
+    final = metrics.get("method", cell["method"])  # the name the run used (a renamed method keeps its old one)
     out = []
     for name, scores in evaluation.items():
-        if name == cell["method"] or not isinstance(scores, dict) or "correct" not in scores:
+        if name == final or not isinstance(scores, dict) or "correct" not in scores:
             continue
         out.append({**_keys(cell), "name": f"{cell['name']}:{name}", "variant": f"{cell['variant']}:{name}",
                     "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"], "samples": scores.get("train_size"),

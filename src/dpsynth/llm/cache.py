@@ -233,6 +233,12 @@ class CachedGenerator:
     def chat(self) -> bool:
         return self.inner.chat
 
+    @property
+    def remote(self) -> bool:
+        """The backend computes elsewhere (an API server), so it can run beside other generators; local models
+        share this machine's cores and run one at a time."""
+        return bool(getattr(self.inner, "runs_remotely", False))
+
     def generate(
         self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None
     ) -> list[GenerationResult]:

@@ -107,6 +107,8 @@ def parse_answer(body: bytes, *, chat: bool, unreported: tuple[int, int] | None 
 
 
 class OpenAICompatGenerator:
+    # its work happens on a server: a run's API generators are asked side by side (methods/generation.py)
+    runs_remotely = True
     def __init__(
         self,
         model: str,

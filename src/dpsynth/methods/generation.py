@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,40 +97,59 @@ def generate_samples(
     max_attempts: int,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[list[SyntheticSample], dict[str, dict]]:
-    """Generate, clean and de-duplicate; re-ask (new seeds) for dropped samples up to `max_attempts` times."""
+    """Generate, clean and de-duplicate; re-ask (new seeds) for dropped samples up to `max_attempts` times.
+
+    Each attempt asks every PLM its batch; API generators are asked side by side (each keeps its own
+    concurrency limit), local models one after another (they share the cores). Answers are cleaned and
+    de-duplicated in plan order afterwards, so the samples do not depend on which server answered first."""
     seen = {(x.label, x.text.lower()) for x in existing}
-    next_id = max((x.id for x in existing), default=-1) + 1
-    new: list[SyntheticSample] = []
-    stats: dict[str, dict] = {}
-    for plan in plans:
-        gen = generators[plan.plm]
-        cleaning = CleaningStats()
-        wanted = dict(plan.per_label)
-        target = sum(wanted.values())
-        done = 0
-        for attempt in range(max_attempts):
-            if sum(wanted.values()) == 0:
-                break
-            pairs = make_requests(GenerationPlan(plan.plm, dict(wanted)), attempt, gen.chat)
-
-            def progress(_: int, __: object) -> None:
-                nonlocal done
-                done += 1
-                if on_progress:
-                    on_progress(plan.plm, done, target)  # noqa: B023 - called within this iteration only
-
-            results = gen.generate([r for _, r in pairs], on_result=progress)
-            for (label, _), result in zip(pairs, results):
+    kept: dict[str, list[tuple[str, str]]] = {p.plm: [] for p in plans}
+    cleaning = {p.plm: CleaningStats() for p in plans}
+    wanted = {p.plm: dict(p.per_label) for p in plans}
+    target = {p.plm: sum(p.per_label.values()) for p in plans}
+    done = dict.fromkeys(target, 0)
+    for attempt in range(max_attempts):
+        asking = [p.plm for p in plans if sum(wanted[p.plm].values()) > 0]
+        if not asking:
+            break
+        batches = {plm: make_requests(GenerationPlan(plm, dict(wanted[plm])), attempt, generators[plm].chat)
+                   for plm in asking}
+        answers = _ask_all(batches, generators, done, target, on_progress)
+        for plm in asking:
+            for (label, _), result in zip(batches[plm], answers[plm]):
                 text, reason = clean_generation(result.text)
                 if text is not None and (label, text.lower()) in seen:
                     text, reason = None, "duplicate"
                 if text is None:
-                    cleaning.dropped[reason] += 1
+                    cleaning[plm].dropped[reason] += 1
                     continue
                 seen.add((label, text.lower()))
-                cleaning.kept += 1
-                wanted[label] -= 1
-                new.append(SyntheticSample(next_id, text, label, plan.plm, t))
-                next_id += 1
-        stats[plan.plm] = {**cleaning.as_dict(), "requested": target, "short_by": sum(wanted.values())}
+                cleaning[plm].kept += 1
+                wanted[plm][label] -= 1
+                kept[plm].append((text, label))
+    next_id = max((x.id for x in existing), default=-1) + 1
+    new = [SyntheticSample(next_id + i, text, label, plm, t)
+           for i, (plm, text, label) in enumerate((plm, text, label) for plm in kept for text, label in kept[plm])]
+    stats = {p.plm: {**cleaning[p.plm].as_dict(), "requested": target[p.plm], "short_by": sum(wanted[p.plm].values())}
+             for p in plans}
     return new, stats
+
+
+def _ask_all(batches: dict[str, list[tuple[str, GenerationRequest]]], generators: dict[str, CachedGenerator],
+             done: dict[str, int], target: dict[str, int],
+             on_progress: Callable[[str, int, int], None] | None) -> dict[str, list]:
+    """Every PLM's batch: side by side when all of them are API generators, else one after another."""
+
+    def ask(plm: str) -> list:
+        def progress(_: int, __: object) -> None:
+            done[plm] += 1
+            if on_progress:
+                on_progress(plm, done[plm], target[plm])
+
+        return generators[plm].generate([r for _, r in batches[plm]], on_result=progress)
+
+    if len(batches) > 1 and all(generators[plm].remote for plm in batches):
+        with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="dpsynth-plm") as pool:
+            futures = {plm: pool.submit(ask, plm) for plm in batches}
+            return {plm: f.result() for plm, f in futures.items()}
+    return {plm: ask(plm) for plm in batches}
