@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from dpsynth.device import DeviceSetting
 from dpsynth.embed.sentence import DEFAULT_EMBEDDER
 from dpsynth.privacy.accountant import Adjacency
 
@@ -213,6 +214,8 @@ class RunConfig(BaseModel):
     federated: FederatedConfig | None = None
     resample: ResampleConfig | None = None
     embedder: str = Field(DEFAULT_EMBEDDER, min_length=1)
+    device: DeviceSetting = Field("auto", description="where the embedder, the data holder's votes and transformers "
+                                  "sampling run: auto (a CUDA GPU if torch sees one), cpu or cuda")
     seed: int = Field(0, ge=0, description="public seed of the run's requests and splits (numpy needs >= 0)")
     evaluate: bool = True
 

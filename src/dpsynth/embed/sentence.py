@@ -33,14 +33,19 @@ class Embedder(Protocol):
 
 
 class SentenceTransformerEmbedder:
-    def __init__(self, model: str = DEFAULT_EMBEDDER, batch_size: int = 64) -> None:
+    def __init__(self, model: str = DEFAULT_EMBEDDER, batch_size: int | None = None, device: str = "cpu") -> None:
+        """`device`: 'cpu' or 'cuda' (resolved by dpsynth.device). On a GPU the encoder runs in fp16 with larger
+        batches (embeddings agree with fp32 to about 1e-3 in cosine, far below what votes resolve)."""
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as err:
             raise DpsynthError("embeddings need sentence-transformers: pip install 'dpsynth[local]'") from err
         self.name = model
-        self._batch_size = batch_size
-        self._model = SentenceTransformer(resolve_model_path(model), device="cpu")
+        self.device = device
+        self._batch_size = batch_size or (256 if device == "cuda" else 64)
+        self._model = SentenceTransformer(resolve_model_path(model), device=device)
+        if device == "cuda":
+            self._model.half()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -149,14 +154,15 @@ class CachedEmbedder:
 class LazyEmbedder:
     """Loads its sentence-transformers model on first use, so cheap checks run before a slow load."""
 
-    def __init__(self, model: str = DEFAULT_EMBEDDER) -> None:
+    def __init__(self, model: str = DEFAULT_EMBEDDER, device: str = "cpu") -> None:
         self.name = model
+        self.device = device
         self._inner: SentenceTransformerEmbedder | None = None
 
     @property
     def loaded(self) -> SentenceTransformerEmbedder:
         if self._inner is None:
-            self._inner = SentenceTransformerEmbedder(self.name)
+            self._inner = SentenceTransformerEmbedder(self.name, device=self.device)
         return self._inner
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:

@@ -103,6 +103,14 @@ class TransformersGenerator:
         self._model_name = model
         self.name = name or path.stem
         self._batch_size = batch_size
+        self.device = "cpu"
+
+    def to_device(self, device: str) -> None:
+        """Sample on `device` ('cpu' or 'cuda'; the run's `device:` setting). The weights stay fp32, so a
+        GPU samples from the same distribution; seeded draws differ across devices (different kernels)."""
+        if device != self.device:
+            self._model.to(device)
+            self.device = device
 
     @property
     def model_id(self) -> str:
@@ -132,7 +140,7 @@ class TransformersGenerator:
         results: list[GenerationResult] = []
         for start, batch in _batches(requests, self._batch_size):
             first = batch[0]
-            enc = self._tok([self.prompt_text(r) for r in batch], return_tensors="pt", padding=True)
+            enc = self._tok([self.prompt_text(r) for r in batch], return_tensors="pt", padding=True).to(self.device)
             seed = int.from_bytes(hashlib.sha256(str([r.seed for r in batch]).encode()).digest()[:4], "big")
             torch.manual_seed(seed)
             prompt_len = enc["input_ids"].shape[1]

@@ -161,10 +161,12 @@ class CentralHolder(ReleasingHolder):
     """
 
     def __init__(self, private: LabelledTexts, label_names: list[str], embedder: Embedder, *,
-                 persons: np.ndarray | None = None, **kw) -> None:
+                 persons: np.ndarray | None = None, device: str = "cpu", **kw) -> None:
         """`persons`: each record's person (0..P-1) when the unit of privacy is a person (records already
-        bounded to k per person); DP-SGD then samples and clips persons, not records."""
+        bounded to k per person); DP-SGD then samples and clips persons, not records. `device`: where the
+        votes are computed ('cuda': torch on the GPU; 'cpu': numpy/BLAS)."""
         super().__init__(**kw)
+        self.__device = device
         self.__private = private
         self.__persons = persons
         self.__labels = private.label_ids(label_names)
@@ -187,7 +189,8 @@ class CentralHolder(ReleasingHolder):
                 raise ValueError(f"release {r.name} is accounted at sampling rate {rate:g}, the request asks "
                                  f"{spec.sampling_rate:g}")
             keep = self._sample_mask(r, rate, len(self.__labels))
-            votes = compute_votes(spec, self._embeddings()[keep], self.__labels[keep], candidates, candidate_labels)
+            votes = compute_votes(spec, self._embeddings()[keep], self.__labels[keep], candidates, candidate_labels,
+                                  device=None if self.__device == "cpu" else self.__device)
             return self._noised(r, value, votes)
 
         return self._release(release, draw)

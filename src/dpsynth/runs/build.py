@@ -13,6 +13,7 @@ import numpy as np
 from dpsynth.config import GeneratorConfig, RunConfig
 from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import TaskSpec
+from dpsynth.device import resolve_device
 from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import cache_dir
@@ -44,7 +45,10 @@ def build_generators(config: RunConfig, usage: dict[str, Usage]) -> dict[str, Ca
     for i, g in enumerate(config.generators):
         limits = SpendLimits.of(g)
         guard = SpendGuard(g.display_name, limits, usage[g.display_name], f"generators[{i}]") if limits.caps else None
-        out[g.display_name] = CachedGenerator(build_generator(g), cache, usage[g.display_name], guard)
+        backend = build_generator(g)
+        if hasattr(backend, "to_device"):  # torch backends follow the run's device; llama.cpp and APIs have none
+            backend.to_device(resolve_device(config.device))
+        out[g.display_name] = CachedGenerator(backend, cache, usage[g.display_name], guard)
     return out
 
 
@@ -61,7 +65,7 @@ def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyL
 
         return FederatedHolder(config.federated, plan.clip_delta, groups=method.party_groups(), **common)
     return open_central_holder(config, task, min_records=method.min_private_records(), load=reads_private(plan),
-                               embedder=embedder, given=given, **common)
+                               embedder=embedder, given=given, device=resolve_device(config.device), **common)
 
 
 def reads_private(plan: PrivacyPlan) -> bool:
@@ -73,6 +77,7 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
     """What the run will find wrong with the task or the user's private file, found before its directory exists
     (issue 33): the data holder's own load and checks, run once ahead and kept nowhere."""
     config = plan.config
+    resolve_device(config.device)  # `cuda` without a GPU fails here
     task = task_for(config)
     plan.method.check_task(task)
     if config.evaluate and config.data.test is not None:

@@ -21,6 +21,7 @@ from typing import Any
 from dpsynth.config import RunConfig
 from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import LabelledTexts
+from dpsynth.device import resolve_device
 from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder, check_embedder_available
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, cache_dir, create_owner_only, ensure_writable_dir, lock_run_dir
@@ -188,7 +189,8 @@ class Run:
             if name in usage:
                 usage[name] = Usage(**u)
         t0 = time.perf_counter()
-        embedder = LazyEmbedder(cfg.embedder)  # loads at its first use, after the cheap checks below
+        # loads at its first use, after the cheap checks below
+        embedder = LazyEmbedder(cfg.embedder, device=resolve_device(cfg.device))
         holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, task=task, embedder=embedder,
                               given=self._given)
         generators = build_generators(cfg, usage)  # a bad model file or key fails before any model loads

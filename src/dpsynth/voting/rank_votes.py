@@ -44,13 +44,16 @@ def rank_votes(
     nearest: bool = True,
     furthest: bool = False,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    device: str | None = None,
 ) -> list[np.ndarray]:
     """Histograms over synthetic samples (length N each) of rank-weighted votes.
 
     Returns [nearest histogram] and/or [furthest histogram], in that order;
     both come from the same distance block, computed once. A label with fewer
     synthetic candidates than len(weights) receives only the first
-    `n_candidates` weights from each of its private samples.
+    `n_candidates` weights from each of its private samples. `device` ('cuda' or
+    'cpu'): the distance blocks and their top-k in torch on that device (None:
+    numpy/BLAS); the histograms are the same up to float ties.
     """
     private = np.asarray(private, dtype=np.float32)
     synthetic = np.asarray(synthetic, dtype=np.float32)
@@ -67,6 +70,12 @@ def rank_votes(
             continue
         voters = private[p_labels == label]
         k = min(len(w), len(cand))
+        if device is not None:
+            for side, top in zip(sides, _extremes_on(device, voters, synthetic[cand], k, "near" in sides,
+                                                       "far" in sides, block_bytes)):
+                hists[side] += np.bincount(cand[top].ravel(), weights=np.tile(w[:k], len(top)),
+                                           minlength=len(synthetic))
+            continue
         s = synthetic[cand]
         s_sq = np.einsum("ij,ij->i", s, s)
         rows_per_block = max(1, block_bytes // (4 * len(cand)))
@@ -80,6 +89,25 @@ def rank_votes(
                     cand[top].ravel(), weights=np.tile(w[:k], len(top)), minlength=len(synthetic)
                 )
     return [hists[side] for side in sides]
+
+
+def _extremes_on(device: str, voters: np.ndarray, s: np.ndarray, k: int, nearest: bool, furthest: bool,
+                 block_bytes: int) -> list[np.ndarray]:
+    """`_extremes` of every voter's distance row, computed in torch on `device` block by block (the same
+    ||s||^2 - 2 p.s ranking); only the (voters, k) indices come back to the host."""
+    import torch
+
+    s_t = torch.from_numpy(np.ascontiguousarray(s)).to(device)
+    s_sq = (s_t * s_t).sum(1)
+    rows_per_block = max(1, block_bytes // (4 * len(s)))
+    parts: list[list[np.ndarray]] = [[] for _ in range(nearest + furthest)]
+    for start in range(0, len(voters), rows_per_block):
+        block = torch.from_numpy(np.ascontiguousarray(voters[start : start + rows_per_block])).to(device)
+        score = s_sq[None, :] - 2.0 * (block @ s_t.T)
+        ends = [largest for largest, wanted in ((False, nearest), (True, furthest)) if wanted]
+        for part, largest in zip(parts, ends):
+            part.append(torch.topk(score, k, dim=1, largest=largest, sorted=True).indices.cpu().numpy())
+    return [np.concatenate(p) for p in parts]
 
 
 def _extremes(score: np.ndarray, k: int, nearest: bool, furthest: bool) -> list[np.ndarray]:
@@ -122,6 +150,7 @@ def wasp_votes(
     q: int,
     *,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    device: str | None = None,
 ) -> np.ndarray:
     """WASP's Top-Q nearest and furthest histograms, concatenated: shape (2N,).
 
@@ -137,5 +166,6 @@ def wasp_votes(
         nearest=True,
         furthest=True,
         block_bytes=block_bytes,
+        device=device,
     )
     return np.concatenate([near, far])

@@ -47,10 +47,12 @@ def compute_votes(
     private_labels: Sequence[int] | np.ndarray,
     synthetic: np.ndarray,
     synthetic_labels: Sequence[int] | np.ndarray,
+    device: str | None = None,
 ) -> np.ndarray:
-    """The clean vote vector: it must be noised before it leaves the data holder."""
+    """The clean vote vector: it must be noised before it leaves the data holder. `device`: None computes the
+    rank votes with numpy/BLAS on the CPU; 'cuda' (or 'cpu') with torch on that device."""
     if spec.kind == "wasp":
-        return wasp_votes(private, private_labels, synthetic, synthetic_labels, spec.q)
+        return wasp_votes(private, private_labels, synthetic, synthetic_labels, spec.q, device=device)
     if spec.kind == "label_counts":
         return np.bincount(np.asarray(private_labels, dtype=np.int64), minlength=len(synthetic_labels)).astype(
             np.float64)
@@ -58,5 +60,5 @@ def compute_votes(
         return popri_scores(private, private_labels, synthetic, synthetic_labels)
     if spec.kind == "embedding_sums":
         return embedding_sums(private, private_labels, len(synthetic_labels))
-    (votes,) = rank_votes(private, private_labels, synthetic, synthetic_labels, spec.weights)
+    (votes,) = rank_votes(private, private_labels, synthetic, synthetic_labels, spec.weights, device=device)
     return votes
