@@ -1,0 +1,204 @@
+"""WASP at the paper's scale through an OpenAI-compatible server: the cost curve as N grows.
+
+    .venv/bin/python benchmarks/api_scale.py                                  # N 600 2400 9600 38400, K 2 and 6
+    .venv/bin/python benchmarks/api_scale.py --n 600 2400 --k 2 --latency 0.2 --concurrency 64
+
+A real HTTP server on loopback (its own process, part of this benchmark, not a mock inside the client)
+speaks the OpenAI chat-completions API: it waits `--latency` seconds per request and answers with real
+Rotten Tomatoes reviews (two joined, picked by a hash of the request, so answers are distinct). Each cell
+is one WASP run (T=5, M private records, K generators with `--concurrency` requests in flight each, an
+empty request cache) in a fresh process, so that its peak resident memory is its own. Per cell it prints:
+- generation time against the latency bound of the generators side by side: per iteration, the largest
+  generator's ceil(requests / concurrency) x latency, summed (re-asks counted in their iteration);
+- dpsynth's own time per request: the wall time less generation, embedding, voting and model loading;
+- embedding throughput (synthetic texts / embedding time; the holder embeds the private texts inside its
+  voting time) against the encoder's peak measured in this process on the same kind of texts;
+- voting time, peak resident memory (and bytes per sample over the smallest N), the requests sent;
+and after the largest cell, the request cache's cost per request with its rows (get and put, 1,000 each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def serve(port_out: mp.Queue, latency: float, texts: list[str]) -> None:
+    """The loopback server: every POST waits `latency` s and returns a real text."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(latency)
+            h = int.from_bytes(hashlib.sha256(body).digest()[:8], "big")
+            text = f"{texts[h % len(texts)]} {texts[(h // len(texts)) % len(texts)]}"
+            answer = json.dumps({
+                "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": len(body) // 4, "completion_tokens": len(text) // 4,
+                          "total_tokens": (len(body) + len(text)) // 4},
+            }).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer.request_queue_size = 1024
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port_out.put(srv.server_port)
+    srv.serve_forever()
+
+
+def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int) -> dict:
+    """One WASP run in this process (called in a child): its metrics and peak memory."""
+    from dpsynth.runs.config import parse_config
+    from dpsynth.runs.engine import Run
+
+    raw = {
+        "method": "wasp",
+        "data": {"corpus": "rotten_tomatoes", "m": m},
+        "generators": [{"kind": "openai", "model": f"m{i}", "name": f"plm{i}", "base_url": url,
+                        "max_concurrency": concurrency} for i in range(k)],
+        "wasp": {"n": n, "iterations": iterations, "q": 8, "s": 4, "max_tokens": 64},
+        "privacy": {"epsilon": 4.0, "delta": 1e-5},
+        "evaluate": False,
+        "device": "cpu",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Run.create(parse_config(raw), Path(tmp) / "run").execute()
+    metrics = result["metrics"]
+    return {"metrics": metrics, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def latency_bound(metrics: dict, concurrency: int, latency: float) -> float:
+    total = 0.0
+    for record in metrics["iterations"]:
+        asked = [s.get("kept", 0) + sum((s.get("dropped") or {}).values()) for s in record["generated"].values()]
+        total += max(math.ceil(a / concurrency) for a in asked) * latency if asked else 0.0
+    return total
+
+
+def encoder_peak(texts: list[str]) -> float:
+    """texts/s of the default encoder on real reviews, batch 64, in this process (after a warm-up)."""
+    from dpsynth.embed.sentence import SentenceTransformerEmbedder
+
+    embedder = SentenceTransformerEmbedder()
+    embedder.encode(texts[:64])
+    start = time.perf_counter()
+    embedder.encode(texts)
+    return len(texts) / (time.perf_counter() - start)
+
+
+def cache_cost(path: Path) -> tuple[int, float, float]:
+    """(rows, microseconds per get, per put) of the request cache at `path`."""
+    import sqlite3
+
+    from dpsynth.llm.base import GenerationResult
+    from dpsynth.llm.cache import RequestCache
+
+    rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM generations").fetchone()[0]
+    cache = RequestCache(path)
+    keys = [hashlib.sha256(f"bench-{i}".encode()).hexdigest() for i in range(1000)]
+    start = time.perf_counter()
+    for key in keys:
+        cache.put(key, "bench", "prompt", GenerationResult("a text", 1, 1))
+    put = (time.perf_counter() - start) / len(keys) * 1e6
+    start = time.perf_counter()
+    for chunk in range(0, len(keys), 100):
+        cache.get_many(keys[chunk : chunk + 100])
+    get = (time.perf_counter() - start) / len(keys) * 1e6
+    return rows, get, put
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, nargs="+", default=[600, 2400, 9600, 38400])
+    parser.add_argument("--k", type=int, nargs="+", default=[2, 6])
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--m", type=int, default=1000, help="private records")
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--cell", help=argparse.SUPPRESS)  # internal: run one cell, print its JSON
+    args = parser.parse_args()
+    if args.cell:
+        n, k, url = args.cell.split(",")
+        print("CELL " + json.dumps(run_cell(int(n), int(k), url, args.concurrency, args.m, args.iterations)))
+        return
+
+    from dpsynth.data.corpora import get_corpus
+
+    texts = get_corpus("rotten_tomatoes").load().texts
+    port: mp.Queue = mp.Queue()
+    server = mp.Process(target=serve, args=(port, args.latency, texts), daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{port.get(timeout=30)}/v1"
+    peak = encoder_peak(texts[:2000])
+    print(f"server {url}: latency {args.latency} s, {args.concurrency} requests in flight per generator; "
+          f"encoder peak {peak:.0f} texts/s (MiniLM, batch 64, this machine now)")
+    print("| K | N | requests | generation s | / latency bound | own ms/request | embedding texts/s | / peak "
+          "| voting s | wall s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    cache_root = Path(tempfile.mkdtemp(prefix="api-scale-"))
+    rss: dict[int, dict[int, int]] = {}
+    last_cache = None
+    for k in args.k:
+        for n in args.n:
+            cache = cache_root / f"k{k}-n{n}"
+            cache.mkdir()
+            shared = Path(os.environ.get("DPSYNTH_CACHE", Path.home() / ".cache" / "dpsynth"))
+            for name in ("corpora", "models"):  # one-time assets; generations start empty
+                if (shared / name).exists():
+                    os.symlink(shared / name, cache / name)
+            env = {**os.environ, "DPSYNTH_CACHE": str(cache), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
+            done = subprocess.run([sys.executable, __file__, "--cell", f"{n},{k},{url}", "--concurrency",
+                                   str(args.concurrency), "--m", str(args.m), "--iterations", str(args.iterations)],
+                                  capture_output=True, text=True, env={k_: v for k_, v in env.items() if v})
+            line = next((x for x in done.stdout.splitlines() if x.startswith("CELL ")), None)
+            if done.returncode != 0 or line is None:
+                print(f"| {k} | {n} | failed: {done.stderr.strip().splitlines()[-1:]} |")
+                continue
+            cell = json.loads(line[5:])
+            m, t = cell["metrics"], cell["metrics"]["timings"]
+            requests = sum(u["requests"] for u in m["usage"].values())
+            bound = latency_bound(m, args.concurrency, args.latency)
+            samples = sum(m["samples_per_plm"].values())
+            embed_s = t.get("embedding", 0.0)
+            own = t["wall"] - t.get("generation", 0.0) - embed_s - t.get("voting", 0.0) - t.get("load_models", 0.0)
+            throughput = samples / embed_s if embed_s else float("nan")  # the holder's private texts are in voting
+            rss.setdefault(k, {})[n] = cell["peak_rss_bytes"]
+            generation, voting = t.get("generation", 0.0), t.get("voting", 0.0)
+            print(f"| {k} | {n} | {requests} | {generation:.1f} | {generation / bound:.2f}x "
+                  f"| {own / requests * 1e3:.2f} | {throughput:.0f} | {throughput / peak:.2f} | {voting:.1f} "
+                  f"| {t['wall']:.1f} | {cell['peak_rss_bytes'] / 2**20:.0f} |")
+            last_cache = cache / "requests.sqlite"
+    for k, by_n in rss.items():
+        if len(by_n) > 1:
+            small, large = min(by_n), max(by_n)
+            print(f"K={k}: peak memory grows {(by_n[large] - by_n[small]) / (large - small):.0f} bytes per sample "
+                  f"from N={small} to N={large}")
+    if last_cache is not None and last_cache.exists():
+        rows, get, put = cache_cost(last_cache)
+        print(f"request cache with {rows} rows: {get:.0f} us per get (in batches of 100), {put:.0f} us per put")
+    server.terminate()
+
+
+if __name__ == "__main__":
+    main()
