@@ -22,3 +22,11 @@ def test_ruff_is_clean_on_src() -> None:
     exe = shutil.which("ruff", path=str(Path(sys.executable).parent)) or "ruff"
     done = subprocess.run([exe, "check", "src"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_mypy_is_clean_on_src() -> None:
+    """The type checker configured in pyproject.toml ([tool.mypy], with pydantic's plugin) passes on the package
+    (issue 34)."""
+    exe = shutil.which("mypy", path=str(Path(sys.executable).parent)) or "mypy"
+    done = subprocess.run([exe, "src/dpsynth"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -231,7 +231,7 @@ class RunConfig(BaseModel):
         if not self.data.has_source and not per_party_files:
             raise ValueError("give data.private (your file or datasets directory), data.hub (a Hub dataset), "
                              "data.corpus (a public corpus), or federated.party_files")
-        if per_party_files and self.data.has_source:
+        if per_party_files and self.data.has_source and self.federated is not None:
             raise ValueError(f"with federated.partition '{self.federated.partition}' the parties' files are the "
                              "private data: remove data.private / data.corpus")
         self._check_unit_of_privacy()

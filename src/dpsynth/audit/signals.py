@@ -54,7 +54,7 @@ def char_ngram_loglik(canaries: Sequence[str], synthetic: Sequence[str], order: 
     pad = "\x02" * (order - 1)
     grams: Counter[str] = Counter()
     contexts: Counter[str] = Counter()
-    alphabet = set()
+    alphabet: set[str] = set()
     for text in synthetic:
         s = pad + text.lower() + "\x03"
         alphabet.update(s)

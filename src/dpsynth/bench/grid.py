@@ -58,7 +58,7 @@ class BenchConfig(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
     eval_distribution: bool = Field(True, description="FID, MAUVE, precision/recall per cell")
     classifiers: list[Literal["probe", "finetune"]] = Field(
-        default_factory=lambda: ["probe"], min_length=1,
+        ["probe"], min_length=1,
         description="downstream classifiers scored per cell: the logistic-regression probe on sentence embeddings "
         "(fast; always computed) and the fine-tuned MiniLM encoder (the papers' small task model; ~1-2 min a cell)")
     baseline: str | None = Field("zero-shot", description="variant every other one is compared with, paired "
@@ -133,7 +133,8 @@ def _check_comparators(bench: BenchConfig, grid: list[dict]) -> None:
         for against in v.paired_with():
             if against.split(":")[0] not in epsilons:  # `variant:set` names a run's own reference set
                 raise DpsynthError(f"variant {v.name}: compare_with names '{against}', which is not a variant")
-    for against in {b for v in bench.variants for b in v.paired_with()} | {bench.baseline} - {None}:
+    baseline = {bench.baseline} if bench.baseline is not None else set()
+    for against in {b for v in bench.variants for b in v.paired_with()} | baseline:
         if len(epsilons.get(against, ())) > 1:
             raise DpsynthError(f"variant '{against}' is compared with but runs at several epsilons; give each "
                                "epsilon its own variant name to compare with")
@@ -151,7 +152,7 @@ def needed_variants(bench: BenchConfig, only: Sequence[str]) -> set[str]:
     if unknown:
         raise DpsynthError(f"--only names {', '.join(unknown)}, not a variant of {bench.name} "
                            f"(variants: {', '.join(sorted(known))})")
-    needed = set(only) | ({bench.baseline} & known)
+    needed = set(only) | ({bench.baseline} & known if bench.baseline is not None else set())
     for v in bench.variants:
         if v.name in only:
             needed |= {against.split(":")[0] for against in v.paired_with()}

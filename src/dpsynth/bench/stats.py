@@ -76,7 +76,7 @@ def paired_f1_difference(a: dict[int, list[str]], b: dict[int, list[str]], truth
     return {"seeds": len(seeds), "difference": point, "low": low, "high": high}
 
 
-def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None, *,
+def paired_table(rows: list[dict], baseline: str | None, compare_with: dict[str, list[str]] | None = None, *,
                  truth: list[str] | None = None, prefix: str = "") -> list[dict]:
     """Each (variant, PLMs, epsilon) against its baseline variant (the bench's, or each of the variant's own
     `compare_with`), paired by seed and test example: accuracy, or macro-F1 when `truth` (the test labels)
@@ -89,7 +89,7 @@ def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, list[s
             groups[(r["variant"], r["plms"], r["epsilon"])][r["seed"]] = r[key]
     out = []
     for (variant, plms, eps), by_seed in groups.items():
-        for against in compare_with.get(variant) or [baseline]:
+        for against in compare_with.get(variant) or ([baseline] if baseline is not None else []):
             base = {r["seed"]: r[key] for r in rows if r["variant"] == against and r.get(key)}
             if variant != against and set(by_seed) & set(base):
                 diff = (paired_difference(by_seed, base) if truth is None
@@ -98,7 +98,7 @@ def paired_table(rows: list[dict], baseline: str, compare_with: dict[str, list[s
     return out
 
 
-def paired_markdown(rows: list[dict], baseline: str, compare_with: dict[str, list[str]] | None = None, *,
+def paired_markdown(rows: list[dict], baseline: str | None, compare_with: dict[str, list[str]] | None = None, *,
                     truth: list[str] | None = None, prefix: str = "") -> str:
     table = paired_table(rows, baseline, compare_with, truth=truth, prefix=prefix)
     if not table:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import typer
 
@@ -44,7 +45,7 @@ def budget(
 ) -> None:
     """Calibrate the noise for a target epsilon, or compute the epsilon of a vote sigma."""
     if config is not None:
-        plan = plan_privacy(load_config(config))
+        plan = plan_privacy(load_config(Path(config)))
         if sigma is not None or epsilon is not None:
             raise DpsynthError("with --config the budget comes from the config's privacy section")
         print_plan(plan, None)
@@ -63,10 +64,10 @@ def budget(
     if q is not None:
         options["q"] = q
     for item in option:
-        key, sep, value = item.partition("=")
+        key, sep, raw = item.partition("=")
         if not sep:
             raise DpsynthError(f"--option {item}: use key=value")
-        options[key.strip()] = value.strip()
+        options[key.strip()] = raw.strip()
     plan = plan_for_method(method, epsilon=epsilon if epsilon is not None else math.inf, delta=delta,
                            options=options, adjacency=adjacency.value, max_records_per_user=max_records_per_user,
                            label_proportions=label_proportions, parties=parties, min_parties=min_parties,

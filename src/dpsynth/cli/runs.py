@@ -15,6 +15,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -117,7 +118,7 @@ def progress_bars() -> Iterator[tuple[Progress, Callable[[str, int, int], None]]
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
         transient=False,
     ) as progress:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def report(what: str, done: int, total: int) -> None:
             # "phase: details" updates one bar per phase (e.g. the DP training's epsilon so far)

@@ -94,8 +94,8 @@ def distribution_report(
     *,
     with_mauve: bool = True,
     seed: int = 0,
-) -> dict[str, float]:
-    report: dict[str, float] = {
+) -> dict[str, float | None]:
+    report: dict[str, float | None] = {
         "fid": fid(synthetic_emb, real_emb),
         **knn_precision_recall(synthetic_emb, real_emb),
         "mean_pairwise_cosine": mean_pairwise_cosine(synthetic_emb),

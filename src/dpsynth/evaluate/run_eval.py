@@ -48,11 +48,11 @@ def read_synthetic(run_dir: Path) -> list[dict]:
         line = data[: err.start].count(b"\n") + 1
         raise DpsynthError(f"{path}, line {line}: not valid UTF-8; {fix}") from err
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+    for number, row_text in enumerate(text.splitlines(), start=1):
+        if not row_text.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(row_text)
         except json.JSONDecodeError as err:
             raise DpsynthError(
                 f"{path}, line {number}: not valid JSON ({err.msg}, column {err.colno}); {fix}"

@@ -170,7 +170,7 @@ def _dp_step(
         # No forward pass, so no hook sets per-example gradients: an empty set of them lets
         # Opacus clip nothing, add the noise to a zero sum and step.
         for p in params:
-            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype)
+            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype)  # type: ignore[attr-defined]  # Opacus' field
     else:
         index = torch.from_numpy(batch)
         input_ids, attention_mask, loss_mask = (t[index] for t in encoded)
@@ -184,7 +184,7 @@ def _dp_step(
         sum_per_unit(params, batch_units)
     optimizer.step()
     with torch.no_grad():
-        return float(torch.sqrt(sum(p.grad.pow(2).sum() for p in params)))
+        return float(torch.sqrt(torch.stack([p.grad.pow(2).sum() for p in params if p.grad is not None]).sum()))
 
 
 def sum_per_unit(params: list[torch.nn.Parameter], units: np.ndarray) -> None:
@@ -196,9 +196,9 @@ def sum_per_unit(params: list[torch.nn.Parameter], units: np.ndarray) -> None:
     index = torch.from_numpy(row_unit.astype(np.int64))
     count = int(row_unit.max()) + 1
     for p in params:
-        per_example = p.grad_sample
-        p.grad_sample = torch.zeros((count, *per_example.shape[1:]), dtype=per_example.dtype).index_add_(
-            0, index, per_example)
+        per_example = p.grad_sample  # type: ignore[attr-defined]  # Opacus' per-example gradients
+        summed = torch.zeros((count, *per_example.shape[1:]), dtype=per_example.dtype).index_add_(0, index, per_example)
+        p.grad_sample = summed  # type: ignore[attr-defined]
 
 
 def _unwrap(gsm: GradSampleModule, optimizer: DPOptimizer) -> None:

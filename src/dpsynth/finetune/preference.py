@@ -94,6 +94,7 @@ def train_on_preferences(model: Any, tokenizer: Any, pairs: Sequence[PreferenceP
         for b in range(batches):
             idx = order[b * settings.batch_size:(b + 1) * settings.batch_size]
             if settings.objective == "dpo":
+                assert ref_c is not None and ref_r is not None  # computed above for DPO
                 pc = response_logprobs(model, *(x[idx] for x in chosen))
                 pr = response_logprobs(model, *(x[idx] for x in rejected))
                 loss = dpo_loss(pc, pr, ref_c[idx], ref_r[idx], settings.beta)

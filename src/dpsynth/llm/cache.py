@@ -130,7 +130,7 @@ class RequestCache:
                     f"SELECT key, text, prompt_tokens, completion_tokens FROM generations "
                     f"WHERE key IN ({','.join('?' * len(chunk))})"
                 )
-                rows = self._retry(lambda q=query, c=chunk: self._db.execute(q, c).fetchall())
+                rows: list = self._retry(lambda q=query, c=chunk: self._db.execute(q, c).fetchall())  # type: ignore[misc]
                 for key, text, pt, ct in rows:
                     found[key] = GenerationResult(text, pt, ct, cached=True)
         return found
@@ -200,7 +200,7 @@ class RequestCache:
         with self._lock:
             for start in range(0, len(unique), 500):
                 chunk = unique[start : start + 500]
-                self._retry(lambda c=chunk: self._db.execute(
+                self._retry(lambda c=chunk: self._db.execute(  # type: ignore[misc]
                     f"DELETE FROM claims WHERE owner=? AND key IN ({','.join('?' * len(c))})", [self.owner, *c]))
 
     def close(self) -> None:
@@ -310,5 +310,5 @@ class CachedGenerator:
             self.cache.release_claims([keys[i] for i in indices])
             self.usage.generation_seconds += time.perf_counter() - start
             self.usage.retries += self._backend_retries() - retries_before
-        if allowed < len(indices):
+        if allowed < len(indices) and self.guard is not None:
             raise self.guard.reached()

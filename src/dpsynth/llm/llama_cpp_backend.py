@@ -108,7 +108,7 @@ class LlamaCppGenerator:
                     n_threads=threads,
                     n_threads_batch=threads,
                     verbose=verbose(),
-                    **({"lora_path": str(lora_path)} if lora_path is not None else {}),
+                    lora_path=None if lora_path is None else str(lora_path),
                 )
         except ValueError as err:  # llama.cpp's "Failed to load model from file"
             reason = next((line.strip() for line in reversed(c_lines) if "error" in line.lower()), "")
@@ -155,12 +155,15 @@ class LlamaCppGenerator:
         if request.messages is not None:
             if not self._chat:
                 raise DpsynthError(f"{self.name} is a base model: it takes completion prompts, not chat messages")
-            out = self._llm.create_chat_completion(
-                messages=[{"role": role, "content": content} for role, content in request.messages], **params
+            # llama-cpp-python's TypedDicts of messages and answers are too strict for mypy here (role is a
+            # plain str); the answers are plain dicts at run time
+            out: Any = self._llm.create_chat_completion(
+                messages=[{"role": role, "content": content} for role, content in request.messages],  # type: ignore[misc]
+                **params,
             )
             text = out["choices"][0]["message"]["content"] or ""
         else:
-            out = self._llm.create_completion(prompt=request.prompt, **params)
+            out = self._llm.create_completion(prompt=request.prompt or "", **params)
             text = out["choices"][0]["text"]
         usage = out["usage"]
         return GenerationResult(text, usage["prompt_tokens"], usage["completion_tokens"])

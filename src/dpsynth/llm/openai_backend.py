@@ -93,7 +93,7 @@ def parse_answer(body: bytes, *, chat: bool, unreported: tuple[int, int] | None 
         text = choice.get("text")
     if not isinstance(text, str):
         raise MalformedAnswer(f"choices[0] has no text (got {type(text).__name__})")
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    usage: dict = data["usage"] if isinstance(data.get("usage"), dict) else {}
 
     def count(key: str) -> int | None:
         value = usage.get(key)
@@ -174,9 +174,9 @@ class OpenAICompatGenerator:
                         other.cancel()
                     continue
                 i = futures[future]
-                results[i] = future.result()
+                result = results[i] = future.result()
                 if on_result:
-                    on_result(i, results[i])
+                    on_result(i, result)
         if error is not None:
             raise self._explain(error) from error
         return [r for r in results if r is not None]
@@ -211,7 +211,8 @@ class OpenAICompatGenerator:
         # answer through as an object that fails (or worse, becomes an empty sample) later.
         if request.messages is not None:
             raw = self._client.chat.completions.with_raw_response.create(
-                messages=[{"role": role, "content": content} for role, content in request.messages], **params
+                messages=[{"role": role, "content": content}  # type: ignore[misc]  # role: a plain str here
+                          for role, content in request.messages], **params
             )
         else:
             raw = self._client.completions.with_raw_response.create(prompt=request.prompt, **params)

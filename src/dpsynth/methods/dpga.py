@@ -357,7 +357,7 @@ def length_edges(low: int, high: int, bins: int) -> list[int]:
 
 def parse_keywords(text: str) -> list[str]:
     """Sub-topics from a PLM's list: one per line, bullets and numbering stripped, 1-6 words."""
-    out = []
+    out: list[str] = []
     for line in re.split(r"[\n;]|,(?![^()]*\))", text):
         k = re.sub(r"^\s*(?:[-*•]|\d+[.)])\s*", "", line).strip(" .\"'`*:")
         if k and 1 <= len(k.split()) <= 6 and k.lower() not in {x.lower() for x in out}:

@@ -64,7 +64,8 @@ def cluster_within_labels(embeddings: np.ndarray, label_ids: np.ndarray, cluster
 
     x = np.ascontiguousarray(embeddings, dtype=np.float32)
     x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    centroids, centroid_labels = [], []
+    centroids: list[np.ndarray] = []
+    centroid_labels: list[int] = []
     assignment = np.empty(len(x), dtype=np.int64)
     for label in np.unique(label_ids):
         rows = np.flatnonzero(label_ids == label)

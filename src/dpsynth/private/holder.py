@@ -71,6 +71,11 @@ class HolderRequests:
     """
 
     __slots__ = ("noisy_votes", "noisy_label_counts", "noisy_length_histogram", "length_bound", "train_adapter")
+    noisy_votes: Callable[..., np.ndarray]  # set in __init__: the holder's own requests, forwarded
+    noisy_label_counts: Callable[..., np.ndarray]
+    noisy_length_histogram: Callable[..., np.ndarray]
+    length_bound: Callable[..., int]
+    train_adapter: Callable[..., np.ndarray]
 
     def __init__(self, holder: DataHolder) -> None:
         for name in self.__slots__:

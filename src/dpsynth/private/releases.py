@@ -98,7 +98,9 @@ class ReleaseStore:
                 atomic_write_bytes(self.root / (_stem(name) + ".npy"), buffer.getvalue())
                 payload["values_file"] = _stem(name) + ".npy"
             atomic_write_text(self.root / _file_name(name), json.dumps(payload))
-            shutil.rmtree(self.work_dir(name), ignore_errors=True)
+            work = self.work_dir(name)
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
 
     def work_dir(self, name: str) -> Path | None:
         """Where a long release keeps its partial (DP) state until it is saved (None: in memory only)."""

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
+from typing import Any
 
 import yaml
 
@@ -57,7 +58,8 @@ def build_request(
         example = t["example_good"] if bad else t["example_plain"]
         lines += [example.format(text=_one_line(x), **fields) for x in good]
         body = style["contrastive" if bad else "few_shot"].format(examples="\n".join(lines), **fields)
-    common = dict(max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p, seed=seed)
+    common: dict[str, Any] = dict(max_tokens=settings.max_tokens, temperature=settings.temperature,
+                                 top_p=settings.top_p, seed=seed)
     if chat:
         return GenerationRequest(messages=(("user", body),), **common)
     return GenerationRequest(prompt=body, stop=('"', "\n"), **common)
@@ -90,7 +92,8 @@ def build_variation_request(
         masked=masked,
         words=max(3, len(words)),
     )
-    common = dict(max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p, seed=rng_seed)
+    common: dict[str, Any] = dict(max_tokens=settings.max_tokens, temperature=settings.temperature,
+                                 top_p=settings.top_p, seed=rng_seed)
     if chat:
         return GenerationRequest(messages=(("user", body),), **common)
     return GenerationRequest(prompt=body, stop=('"', "\n"), **common)
@@ -128,7 +131,8 @@ def build_dpga_request(
         second=_one_line(second),
         count=count,
     )
-    common = dict(max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p, seed=seed)
+    common: dict[str, Any] = dict(max_tokens=settings.max_tokens, temperature=settings.temperature,
+                                 top_p=settings.top_p, seed=seed)
     if chat:
         return GenerationRequest(messages=(("user", body),), **common)
     stop = ("\n\n",) if kind == "keywords" else ('"', "\n")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dpsynth.config import RunConfig
 from dpsynth.data.public import load_test, task_for
@@ -31,7 +31,7 @@ from dpsynth.methods.base import MethodState, StepContext
 from dpsynth.methods.resample import RESAMPLE, RESAMPLE_SIGMA, resample_stage
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import summary_lines
-from dpsynth.private.holder import HolderRequests, ReleasingHolder
+from dpsynth.private.holder import DataHolder, HolderRequests, ReleasingHolder
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.runs import outputs
 from dpsynth.runs.build import (
@@ -195,11 +195,12 @@ class Run:
                               given=self._given)
         generators = build_generators(cfg, usage)  # a bad model file or key fails before any model loads
         # A federated run's private label proportions are a round of the federation, which starts later.
+        requests = cast(DataHolder, holder)  # a central or federated holder: both answer every request
         shares = (saved["label_shares"] if saved is not None else {} if cfg.federated is not None
-                  else label_shares(cfg, task, holder, self.method.label_release()))
+                  else label_shares(cfg, task, requests, self.method.label_release()))
         synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
         ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
-                          holder=HolderRequests(holder), embed=synth.encode, progress=self.progress, timings=timings,
+                          holder=HolderRequests(requests), embed=synth.encode, progress=self.progress, timings=timings,
                           files=self.dir.method_files, knobs=dict(knobs))
         ctx.add_time("load_models", t0)
         return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg))
@@ -245,7 +246,8 @@ class Run:
     def _iterate(self, live: _Live) -> dict:
         steps = self.method.iterations() + (self.config.resample is not None)
         if not live.ctx.label_shares:
-            live.ctx.label_shares = label_shares(self.config, live.ctx.task, live.holder, self.method.label_release())
+            live.ctx.label_shares = label_shares(self.config, live.ctx.task, cast(DataHolder, live.holder),
+                                                 self.method.label_release())
         for t in range(live.state.next_iteration, steps):
             try:
                 record = self.method.step(live.ctx, live.state, t) if t < self.method.iterations() \
@@ -275,6 +277,7 @@ class Run:
     def _resample(self, live: _Live, t: int) -> dict:
         """The final DP resampling stage (`resample:`): one noisy cluster histogram, then post-processing."""
         ctx, samples = live.ctx, self.method.final_samples(live.state)
+        assert self.config.resample is not None  # only runs with a resample: stage get here
         ctx.phase("resampling to a DP cluster histogram", 0)
         embeddings = ctx.embed_synthetic(samples)
         t0 = time.perf_counter()

@@ -24,7 +24,7 @@ DEFAULT_BLOCK_BYTES = 64 * 2**20
 try:  # optional accelerator for top-k selection
     import torch as _torch
 except ImportError:  # pragma: no cover - numpy path is tested directly
-    _torch = None
+    _torch = None  # type: ignore[assignment]
 
 
 def decaying_weights(q: int) -> list[float]:
