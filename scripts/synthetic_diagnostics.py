@@ -1,7 +1,8 @@
 """Why a bench variant's synthetic set trains a better or worse classifier: per variant (mean over its cells),
 diversity (distinct-2, mean pairwise cosine of MiniLM embeddings), length, on-label rate (the share of
 samples that a probe trained on the corpus' real train split assigns to their own label) and the real test
-set's coverage (k-NN precision / recall against it).
+set's coverage (k-NN precision / recall against it); then the on-label rate per iteration (and the mean
+sample weight, for runs that write weights, e.g. FuseGen's).
 
 Reads only the cells results.csv lists (run `dpsynth bench CONFIG --report-only` first) and the public corpus;
 writes nothing.
@@ -59,6 +60,25 @@ def main(bench: Path, corpus: str, variants: list[str]) -> None:
         m = np.mean(rows, axis=0)
         print(f"| {variant} | {len(rows)} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.1f} | {m[3]:.3f} | {m[4]:.3f} | "
               f"{m[5]:.3f} |")
+    print("\non-label rate by iteration (mean over cells), and the mean sample weight where the run wrote weights:")
+    for variant in variants:
+        by_iteration: dict[int, list[float]] = {}
+        weights: dict[int, list[float]] = {}
+        weight_if: dict[bool, list[float]] = {True: [], False: []}
+        for cell in cell_dirs(bench, variant):
+            samples = [json.loads(x) for x in (cell / "synthetic.jsonl").read_text().splitlines() if x.strip()]
+            on_label = probe.predict(embedder.encode([s["text"] for s in samples])) == np.array(
+                [s["label"] for s in samples])
+            for s, ok in zip(samples, on_label):
+                by_iteration.setdefault(s.get("iteration", 0), []).append(float(ok))
+                if s.get("weight") is not None:
+                    weights.setdefault(s.get("iteration", 0), []).append(float(s["weight"]))
+                    weight_if[bool(ok)].append(float(s["weight"]))
+        cells = [f"{t}: {np.mean(v):.3f}" + (f" (w {np.mean(weights[t]):.2f})" if t in weights else "")
+                 for t, v in sorted(by_iteration.items())]
+        by_label = (f"; mean weight on-label {np.mean(weight_if[True]):.2f}, off-label {np.mean(weight_if[False]):.2f}"
+                    if weight_if[True] and weight_if[False] else "")
+        print(f"- {variant}: " + ", ".join(cells) + by_label)
 
 
 if __name__ == "__main__":
