@@ -16,6 +16,7 @@ from dpsynth.methods.dpga import (
     select_distinct,
     self_similarity,
 )
+from dpsynth.privacy.mechanisms import NoiseSource
 from dpsynth.private.holder import length_histogram, svt_length_bound
 from dpsynth.runs.config import parse_config
 from dpsynth.runs.engine import Run
@@ -86,6 +87,10 @@ def test_sparse_vector_finds_the_range_and_is_exact_without_noise() -> None:
     highs = [svt_length_bound(lengths, "max", 128, 4.0, rng) for _ in range(40)]
     lows = [svt_length_bound(lengths, "min", 39, 4.0, rng) for _ in range(40)]
     assert abs(np.median(highs) - lengths.max()) <= 8 and abs(np.median(lows) - lengths.min()) <= 12
+    # secure mode: the threshold and query noise come from OpenDP's exact Laplace sampler
+    exact = NoiseSource().laplace_sampler("dpga.length_max")
+    secure = [svt_length_bound(lengths, "max", 128, 4.0, exact) for _ in range(40)]
+    assert abs(np.median(secure) - lengths.max()) <= 8
 
 
 def test_similarity_suppression_skips_near_duplicates_and_raises_tau() -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import numpy as np
@@ -50,6 +50,14 @@ class NoiseSource:
             noise = rng.normal(0.0, scale, clean.shape) if kind == "gaussian" else rng.laplace(0.0, scale, clean.shape)
             return clean + noise
         return exact_noise(clean, kind, scale)
+
+    def laplace_sampler(self, name: str) -> Callable[[float], float]:
+        """Draws of Laplace noise of a given scale for release `name` (the sparse vector's threshold and
+        queries): OpenDP's exact sampler in secure mode, the seeded stream otherwise."""
+        if self._seed is not None:
+            rng = self.stream(name)
+            return lambda scale: float(rng.laplace(0.0, scale))
+        return lambda scale: float(exact_noise(np.zeros(1), "laplace", scale)[0])
 
     def stream(self, name: str) -> np.random.Generator:
         if self._seed is None:
@@ -109,17 +117,19 @@ def laplace_release(
 
 
 def above_threshold(queries: Iterable[float], *, threshold: float, scale: float | None,
-                    rng: np.random.Generator) -> int | None:
+                    rng: np.random.Generator | Callable[[float], float]) -> int | None:
     """Sparse vector's AboveThreshold (Dwork & Roth, Alg. 1; papers/003 App. B.2): index of the first query
     whose noisy value reaches the noisy threshold, or None.
 
     Threshold noise Lap(b), query noise Lap(2b): (2 Delta / b)-DP for any number of queries of
     sensitivity Delta (b = 2 Delta / eps gives the textbook Lap(2 Delta/eps), Lap(4 Delta/eps)).
-    scale=None: no noise (NOT DP). The caller records the event before calling.
+    scale=None: no noise (NOT DP). The caller records the event before calling. `rng`: a numpy generator, or
+    a sampler of Laplace noise by scale (`NoiseSource.laplace_sampler`: OpenDP's exact one for releases).
     """
-    noisy_threshold = threshold + (rng.laplace(0.0, scale) if scale else 0.0)
+    laplace = (lambda b: float(rng.laplace(0.0, b))) if isinstance(rng, np.random.Generator) else rng
+    noisy_threshold = threshold + (laplace(scale) if scale else 0.0)
     for i, value in enumerate(queries):
-        noise = rng.laplace(0.0, 2 * scale) if scale else 0.0
+        noise = laplace(2 * scale) if scale else 0.0
         if value + noise >= noisy_threshold:
             return i
     return None

@@ -216,7 +216,7 @@ class CentralHolder(ReleasingHolder):
         def draw(r: Release, value: float) -> np.ndarray:
             # value: the threshold's Laplace scale b (queries get 2b): (2 Delta / b)-DP, the release's event
             scale = value if value > 0 else None
-            return np.array([svt_length_bound(self._lengths(), which, cap, scale, self.noise.stream(r.name))])
+            return np.array([svt_length_bound(self._lengths(), which, cap, scale, self.noise.laplace_sampler(r.name))])
 
         return int(self._release(release, draw)[0])
 
@@ -268,7 +268,7 @@ def length_histogram(lengths: np.ndarray, edges: list[int]) -> np.ndarray:
 
 
 def svt_length_bound(lengths: np.ndarray, which: str, cap: int, scale: float | None,
-                     rng: np.random.Generator) -> int:
+                     rng: np.random.Generator | Callable[[float], float]) -> int:
     """AboveThreshold (papers/003 App. B.2) over the query stream of counts beyond a candidate bound.
 
     'max': candidates i = 0, 1, ..., cap; query -#(length > i) with threshold 0 halts at the first i
