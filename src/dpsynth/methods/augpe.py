@@ -178,14 +178,10 @@ class AugPE(Method[AugPEOptions, AugPEState]):
 
     def _noisy_votes(self, ctx: StepContext, state: AugPEState, t: int) -> np.ndarray:
         a = self.options
-        ctx.phase(f"iteration {t}: embed + vote + noise", 0)
-        synth = ctx.embed_synthetic(state.population)
         spec = VoteSpec(kind="rank", weights=tuple(vote_weights(a.votes, a.k)))
-        t0 = time.perf_counter()
-        noisy = ctx.holder.noisy_votes(spec, synth, ctx.label_ids(state.population), release=self.release("votes", t))
-        ctx.add_time("voting", t0)
+        noisy = ctx.noisy_votes_on(state.population, spec, self.release("votes", t),
+                                   f"iteration {t}: embed + vote + noise")
         noisy[noisy < a.threshold] = 0.0
-        ctx.phase(f"iteration {t}: embed + vote + noise", 1)
         return noisy
 
     def final_samples(self, state: AugPEState) -> list[SyntheticSample]:

@@ -36,6 +36,7 @@ from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
 from dpsynth.privacy.sensitivity import histogram_sensitivity
 from dpsynth.private.holder import DataHolder
 from dpsynth.prompts.builder import PromptSettings
+from dpsynth.voting.spec import VoteSpec
 
 Progress = Callable[[str, int, int], None]
 LABELS_RELEASE = "labels.histogram"
@@ -110,6 +111,18 @@ class StepContext:
         out = self.embed([x.text for x in samples])
         self.add_time("embedding", t0)
         return out
+
+    def noisy_votes_on(self, samples: list[SyntheticSample], spec: VoteSpec, release: tuple[str, int | None],
+                       phase: str) -> np.ndarray:
+        """The votes every voting method asks for: embed the samples (cached), ask the data holder for the
+        release's noisy votes on them (timed as voting, which metrics.json leaves out), report the phase."""
+        self.phase(phase, 0)
+        emb = self.embed_synthetic(samples)
+        t0 = time.perf_counter()
+        noisy = self.holder.noisy_votes(spec, emb, self.label_ids(samples), release=release)
+        self.add_time("voting", t0)
+        self.phase(phase, 1)
+        return noisy
 
     def label_ids(self, samples: list[SyntheticSample]) -> np.ndarray:
         labels = self.task.label_names

@@ -234,13 +234,9 @@ class DPGA(Method[DPGAOptions, DPGAState]):
     def _generation(self, ctx: StepContext, state: DPGAState, t: int) -> dict:
         o = self.options
         pop = state.population
-        ctx.phase(f"iteration {t}: embed + vote + noise", 0)
-        emb = ctx.embed_synthetic(pop)
-        t0 = time.perf_counter()
-        noisy = ctx.holder.noisy_votes(VoteSpec(kind="rank", weights=(1.0,), sampling_rate=o.sampling_rate), emb,
-                                       ctx.label_ids(pop), release=self.release("votes", t))
-        ctx.add_time("voting", t0)
-        ctx.phase(f"iteration {t}: embed + vote + noise", 1)
+        noisy = ctx.noisy_votes_on(pop, VoteSpec(kind="rank", weights=(1.0,), sampling_rate=o.sampling_rate),
+                                   self.release("votes", t), f"iteration {t}: embed + vote + noise")
+        emb = ctx.embed_synthetic(pop)  # cached: the embeddings the votes were computed on
         elite_total = max(1, round(o.n * o.elite_fraction))
         elites: dict[str, list[SyntheticSample]] = {}
         taus = {}

@@ -23,7 +23,6 @@ that sees it alone (training rounds are plain FedAvg; secure aggregation would a
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 from pydantic import Field, PositiveInt
@@ -193,16 +192,12 @@ class Fedgen(Method[FedgenOptions, FedgenState]):
             adapter = ctx.holder.train_adapter(request, release=self.release("training"))  # the saved release
             state.candidates, stats = sample_from_adapter(ctx, request, adapter, o, t, o.n, tag="fedgen")
             return {"iteration": 1, "generated": stats, "label_shares": ctx.label_shares}
-        ctx.phase("refinement: embed + weak parties' votes", 0)
-        synth = ctx.embed_synthetic(state.candidates)
         spec = VoteSpec(kind="rank", weights=(1.0,) * o.k)
-        t0 = time.perf_counter()
-        noisy = ctx.holder.noisy_votes(spec, synth, ctx.label_ids(state.candidates), release=self.release("votes"))
-        ctx.add_time("voting", t0)
+        noisy = ctx.noisy_votes_on(state.candidates, spec, self.release("votes"),
+                                   "refinement: embed + weak parties' votes")
         rng = np.random.default_rng(request_seed(self.config.seed, "fedgen.refine"))
         keep = refine(noisy, [c.label for c in state.candidates], o.keep, rng)
         state.samples = [state.candidates[i] for i in keep]
-        ctx.phase("refinement: embed + weak parties' votes", 1)
         return {"iteration": 2, "candidates": len(state.candidates), "kept": len(state.samples)}
 
     def final_samples(self, state: FedgenState) -> list[SyntheticSample]:

@@ -217,9 +217,7 @@ class Wasp(Method[WaspOptions, WaspState]):
         record = {"iteration": t, "weights_used": dict(state.weights), "generated": stats,
                   "pool_size": len(state.samples)}
         if t < w.iterations - 1:
-            ctx.phase(f"iteration {t}: embed + vote + noise", 0)
             near, far = self._noisy_votes(ctx, state, t)
-            ctx.phase(f"iteration {t}: embed + vote + noise", 1)
             labels = ctx.task.label_names
             state.good = select_top(near, state.samples, labels, w.s)
             state.bad = select_top(far, state.samples, labels, w.s) if w.contrastive else {}
@@ -229,11 +227,8 @@ class Wasp(Method[WaspOptions, WaspState]):
         return record
 
     def _noisy_votes(self, ctx: StepContext, state: WaspState, t: int) -> tuple[np.ndarray, np.ndarray]:
-        synth = ctx.embed_synthetic(state.samples)
-        t0 = time.perf_counter()
-        noisy = ctx.holder.noisy_votes(VoteSpec(kind="wasp", q=self.options.q), synth,
-                                       ctx.label_ids(state.samples), release=self.release("votes", t))
-        ctx.add_time("voting", t0)
+        noisy = ctx.noisy_votes_on(state.samples, VoteSpec(kind="wasp", q=self.options.q), self.release("votes", t),
+                                   f"iteration {t}: embed + vote + noise")
         n = len(state.samples)
         return noisy[:n], noisy[n:]
 
