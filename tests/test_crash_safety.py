@@ -40,7 +40,7 @@ import fakes  # registers the "fake" generator backend
 import dpsynth.embed.sentence as sentence
 
 class HashEmbedder:
-    def __init__(self, model, batch_size=64):
+    def __init__(self, model, batch_size=None, device="cpu"):
         self.name = model
 
     def encode(self, texts):
