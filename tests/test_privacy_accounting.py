@@ -181,3 +181,33 @@ def test_calibration_from_a_bad_guess_still_brackets() -> None:
 def test_no_events_spend_nothing() -> None:
     assert epsilon_pld([], 1e-5) == 0.0
     assert epsilon_rdp([], 1e-5) == 0.0
+
+
+def test_every_event_kind_follows_its_stated_sensitivity_convention() -> None:
+    """privacy/events.py's convention, enforced over every kind of the PrivacyEvent union (issue 34): events that
+    carry a sensitivity (Gaussian, Laplace) or an epsilon (pure DP) already include the adjacency, so the
+    accountant gives them the same epsilon under both relations; a subsampled Gaussian carries the per-unit
+    bound and the accountant applies the relation itself, so replacement costs more. A new kind must be added
+    here with its convention, or this test fails."""
+    import typing
+
+    from dpsynth.privacy.accountant import Adjacency, epsilon_pld
+    from dpsynth.privacy.events import (
+        GaussianEvent,
+        LaplaceEvent,
+        PrivacyEvent,
+        PureDpEvent,
+        SubsampledGaussianEvent,
+    )
+
+    kinds = set(typing.get_args(typing.get_args(PrivacyEvent)[0]))
+    carries_adjacency = {GaussianEvent(name="g", sensitivity=1.4, sigma=3.0),
+                         LaplaceEvent(name="l", sensitivity=2.0, scale=4.0),
+                         PureDpEvent(name="p", epsilon=0.5, mechanism="svt")}
+    relation_applied = {SubsampledGaussianEvent(name="s", sampling_rate=0.05, noise_multiplier=1.1, count=20)}
+    assert {type(e) for e in carries_adjacency | relation_applied} == kinds, "every event kind has a stated convention"
+    for event in carries_adjacency:
+        add_remove = epsilon_pld([event], 1e-5, Adjacency.ADD_REMOVE)
+        assert epsilon_pld([event], 1e-5, Adjacency.REPLACE) == pytest.approx(add_remove, rel=1e-6), event.kind
+    for event in relation_applied:
+        assert epsilon_pld([event], 1e-5, Adjacency.REPLACE) > 1.2 * epsilon_pld([event], 1e-5, Adjacency.ADD_REMOVE)
