@@ -1,9 +1,15 @@
-"""Shared test helpers: privacy plans of a method built exactly as `dpsynth budget` and a run build them."""
+"""Shared test helpers: privacy plans of a method built exactly as `dpsynth budget` and a run build them, and
+stand-alone releases on a ledger (what a data holder does, without a method around it)."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from dpsynth.privacy.events import GaussianEvent, LaplaceEvent
+from dpsynth.privacy.ledger import PrivacyLedger
+from dpsynth.privacy.mechanisms import NoiseSource
 from dpsynth.runs.planning import PrivacyPlan, plan_for_method
 
 VOTES = "vote_sigma"
@@ -29,3 +35,31 @@ def vote_events(p: PrivacyPlan, sigma: float) -> list:
 
 def sensitivity(p: PrivacyPlan) -> float:
     return p.schedule.uses(VOTES)[0].sensitivity
+
+
+def gaussian_release(
+    ledger: PrivacyLedger,
+    noise: NoiseSource,
+    values: np.ndarray,
+    *,
+    name: str,
+    sensitivity: float,
+    sigma: float,
+) -> np.ndarray:
+    """values + N(0, sigma^2 I), charged to the ledger first (raises before drawing if over budget)."""
+    ledger.record(GaussianEvent(name=name, sensitivity=sensitivity, sigma=sigma))
+    return noise.add(name, "gaussian", values, sigma)
+
+
+def laplace_release(
+    ledger: PrivacyLedger,
+    noise: NoiseSource,
+    values: np.ndarray,
+    *,
+    name: str,
+    sensitivity: float,
+    scale: float,
+) -> np.ndarray:
+    """values + Laplace(0, scale) per coordinate, charged to the ledger first."""
+    ledger.record(LaplaceEvent(name=name, sensitivity=sensitivity, scale=scale))
+    return noise.add(name, "laplace", values, scale)

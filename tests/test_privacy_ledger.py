@@ -12,8 +12,9 @@ from helpers import sensitivity
 from dpsynth.errors import DpsynthError
 from dpsynth.privacy.events import GaussianEvent, PureDpEvent
 from dpsynth.privacy.ledger import BudgetExceededError, DoubleSpendError, PrivacyLedger
-from dpsynth.privacy.mechanisms import NoiseSource, gaussian_release, laplace_release
+from dpsynth.privacy.mechanisms import NoiseSource
 from dpsynth.privacy.report import privacy_report, summary_lines
+from tests.helpers import gaussian_release, laplace_release
 
 
 def _planned_ledger() -> tuple[PrivacyLedger, float]:

@@ -1,4 +1,5 @@
-"""Noise sources and mechanisms that record in the ledger before they release.
+"""Noise sources and the sparse vector: the randomness of every release (the data holder records the event
+in the ledger before it calls them).
 
 A `NoiseSource` in secure mode adds the noise of every additive release (`add`) with OpenDP's exact
 samplers: the Gaussian and Laplace noise is drawn from their discrete counterparts on the finest 2^k
@@ -8,8 +9,8 @@ not every float is a possible output, and which ones are depends on the clean va
 release can betray it (Mironov, CCS 2012; Jin et al., S&P 2022). OpenDP's privacy map of the same
 measurement is the continuous mechanism's (rho = Delta^2 / (2 sigma^2) for the Gaussian), so the ledger's
 accounting stands unchanged (`tests/test_privacy_ledger.py` checks the map). Its other secret randomness
-(Poisson subsampling masks, DP-SGD seeds, the sparse vector's comparisons) comes from streams seeded with
-OS entropy (`secrets`), whose seeds are never stored.
+(Poisson subsampling masks, DP-SGD seeds) comes from streams seeded with OS entropy (`secrets`), whose
+seeds are never stored; the sparse vector's threshold and query noise uses the exact Laplace sampler too.
 
 The seeded mode exists for tests and experiments: numpy streams named after each event, so a seeded run
 that resumes draws exactly the noise the uninterrupted run would have; the privacy report marks it as not
@@ -25,9 +26,6 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 import numpy as np
-
-from dpsynth.privacy.events import GaussianEvent, LaplaceEvent
-from dpsynth.privacy.ledger import PrivacyLedger
 
 
 class NoiseSource:
@@ -86,34 +84,6 @@ def _measurement(kind: str, size: int, scale: float):  # noqa: ANN202 - an OpenD
     if kind == "gaussian":
         return dp.m.make_gaussian(domain, dp.l2_distance(T=float), scale=scale)
     return dp.m.make_laplace(domain, dp.l1_distance(T=float), scale=scale)
-
-
-def gaussian_release(
-    ledger: PrivacyLedger,
-    noise: NoiseSource,
-    values: np.ndarray,
-    *,
-    name: str,
-    sensitivity: float,
-    sigma: float,
-) -> np.ndarray:
-    """values + N(0, sigma^2 I), charged to the ledger first (raises before drawing if over budget)."""
-    ledger.record(GaussianEvent(name=name, sensitivity=sensitivity, sigma=sigma))
-    return noise.add(name, "gaussian", values, sigma)
-
-
-def laplace_release(
-    ledger: PrivacyLedger,
-    noise: NoiseSource,
-    values: np.ndarray,
-    *,
-    name: str,
-    sensitivity: float,
-    scale: float,
-) -> np.ndarray:
-    """values + Laplace(0, scale) per coordinate, charged to the ledger first."""
-    ledger.record(LaplaceEvent(name=name, sensitivity=sensitivity, scale=scale))
-    return noise.add(name, "laplace", values, scale)
 
 
 def above_threshold(queries: Iterable[float], *, threshold: float, scale: float | None,
