@@ -16,8 +16,7 @@ import yaml
 from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.cross_model_feedback import candidate_pool, cross_model_variability, split_per_plm
-from dpsynth.methods.fusegen import feedback_requests
-from dpsynth.methods.generation import GenerationPlan, zero_shot_requests
+from dpsynth.methods.generation import GenerationPlan, shared_example_requests, zero_shot_requests
 from dpsynth.methods.registry import method_class
 from dpsynth.prompts.builder import PromptSettings
 from dpsynth.runs.config import parse_config
@@ -44,7 +43,7 @@ def test_round_zero_asks_the_zero_shot_methods_own_questions() -> None:
 
 def test_the_feedback_prompt_shows_the_same_unlabelled_examples_for_every_label() -> None:
     examples = ["A dazzling, heartfelt film.", "Two hours I will never get back."]
-    make = feedback_requests(TASK, PromptSettings(), examples, 0, "fusegen-cdg", 1)
+    make = shared_example_requests(TASK, PromptSettings(), examples, 0, "fusegen-cdg", 1, templates="fusegen")
     for chat in (True, False):
         requests = make(GenerationPlan("smol", {"positive": 1, "negative": 1}), 0, chat)
         bodies = [r.messages[0][1] if chat else r.prompt for _, r in requests]

@@ -19,24 +19,20 @@ import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from dpsynth.config import RunConfig
-from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate.self_boosting import self_boosting_weights
-from dpsynth.llm.base import GenerationRequest
 from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
 from dpsynth.methods.cross_model_feedback import FeedbackSettings, cross_model_feedback
 from dpsynth.methods.generation import (
-    GenerationPlan,
-    RequestMaker,
     SyntheticSample,
     generate_samples,
     plan_counts,
     request_seed,
+    shared_example_requests,
     split_count,
     zero_shot_requests,
 )
 from dpsynth.methods.registry import register
-from dpsynth.prompts.builder import PromptSettings, build_request
 
 
 class FuseGenOptions(SamplingOptions):
@@ -62,21 +58,6 @@ class FuseGenOptions(SamplingOptions):
 class FuseGenState(MethodState):
     samples: list[SyntheticSample] = []
     examples: list[str] = []  # the in-context examples of the next round (synthetic texts)
-
-
-def feedback_requests(task: TaskSpec, settings: PromptSettings, examples: list[str], *seed_parts: object
-                      ) -> RequestMaker:
-    """Every PLM and label gets the same unlabelled examples (templates/fusegen.yaml)."""
-
-    def make(plan: GenerationPlan, attempt: int, chat: bool) -> list[tuple[str, GenerationRequest]]:
-        return [
-            (label, build_request(task, label, chat=chat, good=examples, settings=settings, templates="fusegen",
-                                  seed=request_seed(*seed_parts, plan.plm, label, attempt, j)))
-            for label, count in plan.per_label.items()
-            for j in range(count)
-        ]
-
-    return make
 
 
 @register
@@ -118,7 +99,9 @@ class FuseGen(Method[FuseGenOptions, FuseGenState]):
         if t == 0:  # the zero-shot method's requests (its seed tag), so this round is its first samples
             make_requests = zero_shot_requests(ctx.task, settings, seed, "fusegen")
         else:
-            make_requests = feedback_requests(ctx.task, settings, state.examples, seed, "fusegen-cdg", t)
+            # every PLM and label sees the same unlabelled examples (templates/fusegen.yaml)
+            make_requests = shared_example_requests(ctx.task, settings, state.examples, seed, "fusegen-cdg", t,
+                                                    templates="fusegen")
         t0 = time.perf_counter()
         plans = plan_counts(self.round_sizes()[t], dict.fromkeys(plms, 1.0), ctx.label_shares)
         new, stats = generate_samples(t, plans=plans, generators=ctx.generators, existing=state.samples,

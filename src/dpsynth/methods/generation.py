@@ -75,10 +75,17 @@ def request_seed(*parts: object) -> int:
 
 def zero_shot_requests(task: TaskSpec, settings: PromptSettings, *seed_parts: object) -> RequestMaker:
     """Zero-shot requests (no examples) seeded by `seed_parts` + PLM, label, attempt and index."""
+    return shared_example_requests(task, settings, (), *seed_parts)
+
+
+def shared_example_requests(task: TaskSpec, settings: PromptSettings, examples: Sequence[str], *seed_parts: object,
+                            templates: str = "wasp") -> RequestMaker:
+    """Requests that show every PLM and label the same plain `examples` (none: zero-shot), seeded like
+    `zero_shot_requests` (FuseGen's cross-model feedback uses `templates="fusegen"`)."""
 
     def make(plan: GenerationPlan, attempt: int, chat: bool) -> list[tuple[str, GenerationRequest]]:
         return [
-            (label, build_request(task, label, chat=chat, settings=settings,
+            (label, build_request(task, label, chat=chat, good=examples, settings=settings, templates=templates,
                                   seed=request_seed(*seed_parts, plan.plm, label, attempt, j)))
             for label, count in plan.per_label.items()
             for j in range(count)
