@@ -202,6 +202,27 @@ class ResampleConfig(Section):
         return self
 
 
+class RelabelConfig(Section):
+    """A final DP label-correction stage after any method (`dpsynth.methods.relabel`): one noisy release of the
+    per-label sums of the private records' unit embeddings; samples move to the label whose centroid is nearer."""
+
+    scoring: Literal["private", "public"] = Field("private", description="private: the noisy per-label sums; "
+                                                  "public: the public label descriptions (a control, epsilon 0)")
+    margin: float = Field(0.05, ge=0, description="a sample moves only when another label's centroid is nearer "
+                          "than its own by more than this cosine")
+    subspace: int = Field(16, ge=0, description="denoise the centroids in the span of the synthetic mean and this "
+                          "many principal directions of the synthetic embeddings (0: all dimensions)")
+    sigma: float | None = Field(None, gt=0, description="fixed Gaussian noise on the sums")
+    share: float | None = Field(None, gt=0, lt=1, description="share of epsilon for the sums (default 0.2 when "
+                                "another part of the run has noise to calibrate, else the whole budget)")
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> RelabelConfig:
+        if self.sigma is not None and self.share is not None:
+            raise ValueError("give relabel.sigma or relabel.share, not both")
+        return self
+
+
 class RunConfig(BaseModel):
     """Shared sections plus method sections (extra keys, validated by the methods' options models)."""
 
@@ -213,6 +234,7 @@ class RunConfig(BaseModel):
     privacy: PrivacyConfig = PrivacyConfig()
     federated: FederatedConfig | None = None
     resample: ResampleConfig | None = None
+    relabel: RelabelConfig | None = None
     embedder: str = Field(DEFAULT_EMBEDDER, min_length=1)
     device: DeviceSetting = Field("auto", description="where the embedder, the data holder's votes and transformers "
                                   "sampling run: auto (a CUDA GPU if torch sees one), cpu or cuda")
@@ -247,6 +269,9 @@ class RunConfig(BaseModel):
         if person is not None and self.federated is not None:
             raise ValueError("data.person_column bounds the records of one central private file; federated runs "
                              "protect a record or a whole party (federated.unit: party)")
+        if self.relabel is not None and self.federated is not None:
+            raise ValueError("relabel: is a central stage (the federated parties do not answer its embedding sums); "
+                             "remove relabel: or federated:")
         if person is not None and self.data.corpus is not None:
             raise ValueError("data.person_column needs your own file with a person column (data.private); a "
                              "public corpus has none")
@@ -267,6 +292,11 @@ class RunConfig(BaseModel):
         if value is None:
             raise KeyError(f"config has no '{name}' section; parse it with dpsynth.runs.config.parse_config")
         return value
+
+
+def has_private_final_stage(config: RunConfig) -> bool:
+    """A final stage that reads the private records (DP resampling, DP label correction), whatever the method."""
+    return config.resample is not None or (config.relabel is not None and config.relabel.scoring == "private")
 
 
 def records_per_unit(config: RunConfig) -> int:

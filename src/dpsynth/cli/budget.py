@@ -42,6 +42,10 @@ def budget(
                                                    help="Add a resampling stage with this histogram sigma."),
     resample_share: float | None = typer.Option(None, "--resample-share",
                                                    help="Add a resampling stage with this share of epsilon."),
+    relabel_sigma: float | None = typer.Option(None, "--relabel-sigma",
+                                                  help="Add a DP label-correction stage with this sigma on its sums."),
+    relabel_share: float | None = typer.Option(None, "--relabel-share",
+                                                  help="Add a DP label-correction stage with this share of epsilon."),
 ) -> None:
     """Calibrate the noise for a target epsilon, or compute the epsilon of a vote sigma."""
     if config is not None:
@@ -71,11 +75,13 @@ def budget(
     plan = plan_for_method(method, epsilon=epsilon if epsilon is not None else math.inf, delta=delta,
                            options=options, adjacency=adjacency.value, max_records_per_user=max_records_per_user,
                            label_proportions=label_proportions, parties=parties, min_parties=min_parties,
-                           resample=_resample(resample_sigma, resample_share))
+                           resample=_stage(resample_sigma, resample_share),
+                           relabel=_stage(relabel_sigma, relabel_share))
     print_plan(plan, sigma)
 
 
-def _resample(sigma: float | None, share: float | None) -> dict | None:
+def _stage(sigma: float | None, share: float | None) -> dict | None:
+    """A final stage's noise setting from its two flags (None: no such stage)."""
     if sigma is None and share is None:
         return None
     return {k: v for k, v in (("sigma", sigma), ("share", share)) if v is not None}

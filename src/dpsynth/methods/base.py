@@ -49,6 +49,7 @@ class MethodState(BaseModel):
     model_config = ConfigDict(extra="forbid")
     next_iteration: int = 0
     history: list[dict] = []
+    relabelled: list[SyntheticSample] | None = None  # the final set after a `relabel:` stage
     resampled: list[SyntheticSample] | None = None  # the final set after a `resample:` stage
 
 

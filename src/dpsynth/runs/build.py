@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth.config import GeneratorConfig, RunConfig
+from dpsynth.config import GeneratorConfig, RunConfig, has_private_final_stage
 from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import TaskSpec
 from dpsynth.device import resolve_device
@@ -70,7 +70,7 @@ def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyL
 
 def reads_private(plan: PrivacyPlan) -> bool:
     method, config = plan.method, plan.config
-    return method.uses_private_data or method.label_release() is not None or config.resample is not None
+    return method.uses_private_data or method.label_release() is not None or has_private_final_stage(config)
 
 
 def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:

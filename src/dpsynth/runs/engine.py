@@ -28,6 +28,8 @@ from dpsynth.fs import RunDir, atomic_write_text, cache_dir, create_owner_only, 
 from dpsynth.llm.base import Usage
 from dpsynth.llm.spend import SpendCapReached
 from dpsynth.methods.base import MethodState, StepContext
+from dpsynth.methods.generation import SyntheticSample
+from dpsynth.methods.relabel import RELABEL, relabel_stage
 from dpsynth.methods.resample import RESAMPLE, RESAMPLE_SIGMA, resample_stage
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import summary_lines
@@ -244,14 +246,15 @@ class Run:
                                    "the run cannot resume safely")
 
     def _iterate(self, live: _Live) -> dict:
-        steps = self.method.iterations() + (self.config.resample is not None)
+        stages = self._final_stages()
+        steps = self.method.iterations() + len(stages)
         if not live.ctx.label_shares:
             live.ctx.label_shares = label_shares(self.config, live.ctx.task, cast(DataHolder, live.holder),
                                                  self.method.label_release())
         for t in range(live.state.next_iteration, steps):
             try:
                 record = self.method.step(live.ctx, live.state, t) if t < self.method.iterations() \
-                    else self._resample(live, t)
+                    else stages[t - self.method.iterations()](live, t)
             except SpendCapReached:
                 # what this step paid for is in the request cache, where a resume finds it at no cost: keep its
                 # count, so that the raised cap still counts everything the run paid
@@ -274,9 +277,38 @@ class Run:
             self._save_checkpoint(live)
         return self._finish(live)
 
+    def _final_stages(self) -> list[Callable[[_Live, int], dict]]:
+        """The stages after the method's iterations, in order: label correction, then resampling (which then
+        clusters the corrected labels)."""
+        return ([self._relabel] if self.config.relabel is not None else []) + \
+            ([self._resample] if self.config.resample is not None else [])
+
+    def _stage_input(self, live: _Live) -> list[SyntheticSample]:
+        """What a final stage starts from: the corrected set once `relabel:` ran, else the method's own."""
+        s = live.state
+        return s.relabelled if s.relabelled is not None else self.method.final_samples(s)
+
+    def _relabel(self, live: _Live, t: int) -> dict:
+        """The final DP label-correction stage (`relabel:`): one noisy release of per-label embedding sums (none
+        for the public control), then post-processing."""
+        ctx, samples = live.ctx, self._stage_input(live)
+        assert self.config.relabel is not None  # only runs with a relabel: stage get here
+        ctx.phase("correcting labels with DP label centroids", 0)
+        embeddings = ctx.embed_synthetic(samples)
+        task = ctx.task
+        t0 = time.perf_counter()
+        chosen, stats = relabel_stage(
+            self.config.relabel, samples=samples, embeddings=embeddings, label_ids=ctx.label_ids(samples),
+            label_names=task.label_names, holder=ctx.holder, release=(RELABEL, None),
+            public_centroids=lambda: ctx.embed([f"{task.text_kind} ({c}: {task.labels[c]})" for c in task.label_names]))
+        ctx.add_time("voting", t0)  # the holder's sums (and its embedding of the private texts) are inside
+        live.state.relabelled = chosen
+        ctx.phase("correcting labels with DP label centroids", 1)
+        return {"iteration": t, "relabel": stats}
+
     def _resample(self, live: _Live, t: int) -> dict:
         """The final DP resampling stage (`resample:`): one noisy cluster histogram, then post-processing."""
-        ctx, samples = live.ctx, self.method.final_samples(live.state)
+        ctx, samples = live.ctx, self._stage_input(live)
         assert self.config.resample is not None  # only runs with a resample: stage get here
         ctx.phase("resampling to a DP cluster histogram", 0)
         embeddings = ctx.embed_synthetic(samples)
@@ -334,7 +366,9 @@ class Run:
     def _finish(self, live: _Live) -> dict:
         cfg, ctx = self.config, live.ctx
         before = self.method.final_samples(live.state)
-        samples = live.state.resampled if live.state.resampled is not None else before
+        state = live.state
+        samples = state.resampled if state.resampled is not None else \
+            state.relabelled if state.relabelled is not None else before
         outputs.write_synthetic(self.dir, samples)
         description = self.plan.describe(live.knobs)
         report = outputs.write_privacy(self.dir, live.ledger, live.holder.noise.mode, description,
@@ -344,8 +378,10 @@ class Run:
         if cfg.evaluate and live.test is not None:
             ctx.phase("evaluation on the real test split", 0)
             sets = {cfg.method: samples, **self.method.reference_sets(live.state)}
-            if live.state.resampled is not None:
-                sets["before_resampling"] = before
+            if state.relabelled is not None:
+                sets["before_relabelling"] = before
+            if state.resampled is not None:
+                sets["before_resampling"] = self._stage_input(live)
             evaluation = outputs.evaluate_sets(ctx, live.embedder, live.test, sets, cfg.seed)
             ctx.phase("evaluation on the real test split", 1)
         federated = (outputs.federated_summary(cfg, description, live.state.history)

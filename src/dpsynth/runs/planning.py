@@ -16,6 +16,7 @@ from dpsynth.config import RunConfig, fewest_answering, noise_parties, records_p
 from dpsynth.federated.clipping import accounting_delta, clip_delta
 from dpsynth.methods.base import Method, PaperFormula
 from dpsynth.methods.registry import method_class
+from dpsynth.methods.relabel import relabel_schedule
 from dpsynth.methods.resample import resample_schedule
 from dpsynth.privacy.accountant import epsilon_rdp
 from dpsynth.privacy.events import SubsampledGaussianEvent
@@ -162,13 +163,15 @@ def plan_privacy(config: RunConfig) -> PrivacyPlan:
     """The method's schedule plus its label-proportion release, for this config."""
     method = method_class(config.method)(config)
     schedule = method.label_schedule() + method.schedule()
-    return PrivacyPlan(config, method, schedule + resample_schedule(config, schedule))
+    schedule = schedule + resample_schedule(config, schedule)
+    return PrivacyPlan(config, method, schedule + relabel_schedule(config, schedule))
 
 
 def plan_for_method(method: str, *, epsilon: float = math.inf, delta: float = 1e-5, options: dict | None = None,
                     adjacency: str = "add_remove", max_records_per_user: int = 1,
                     label_proportions: str | None = None, parties: int = 1,
-                    min_parties: int | None = None, resample: dict | None = None) -> PrivacyPlan:
+                    min_parties: int | None = None, resample: dict | None = None,
+                    relabel: dict | None = None) -> PrivacyPlan:
     """The plan of a run of `method` with these settings, without a data set (for `dpsynth budget`).
 
     epsilon = inf plans the releases without calibrating them (give the noise instead).
@@ -188,6 +191,8 @@ def plan_for_method(method: str, *, epsilon: float = math.inf, delta: float = 1e
     }
     if resample is not None:
         raw["resample"] = resample
+    if relabel is not None:
+        raw["relabel"] = relabel
     if parties > 1:
         raw["federated"] = {"parties": parties, "min_parties": min_parties, "partition": "iid",
                             "max_records_per_party": max(64, max_records_per_user)}

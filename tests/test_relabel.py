@@ -1,0 +1,155 @@
+"""DP label correction (`relabel:`) as a final stage: the correction rule and the denoising projection on hand
+cases, the release's sensitivity against brute force, the schedule it adds to any method, and runs end to end on
+the fake backend (budget = what the run pays, labels move and nothing else, the stage resumes without a second
+release, the public control reads no private record)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from fakes import FakeGenerator
+from test_engine import _budget_epsilon, _config
+from typer.testing import CliRunner
+
+from dpsynth.bench.grid import BenchConfig, cells
+from dpsynth.cli import _typer_app
+from dpsynth.errors import DpsynthError
+from dpsynth.methods.relabel import RELABEL, RELABEL_SIGMA, corrected_labels, denoise_in_synthetic_span
+from dpsynth.runs.config import parse_config
+from dpsynth.runs.planning import plan_for_method
+from dpsynth.voting.spec import VoteSpec, compute_votes
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    FakeGenerator.calls = []
+    FakeGenerator.fail_after = None
+
+
+def test_a_sample_moves_only_when_another_centroid_is_nearer_by_more_than_the_margin() -> None:
+    centroids = np.array([[1.0, 0.0], [0.0, 1.0]])
+    # cosines to (label 0, label 1): (0.6, 0.8) gap 0.2; (0.7, 0.714) gap 0.014; (1, 0) own already nearest
+    samples = np.array([[0.6, 0.8], [0.7, 0.714], [1.0, 0.0], [0.0, 1.0]])
+    own = np.array([0, 0, 0, 1])
+    assert list(corrected_labels(samples, own, centroids, margin=0.05)) == [1, 0, 0, 1]
+    assert list(corrected_labels(samples, own, centroids, margin=0.0)) == [1, 1, 0, 1]
+    assert list(corrected_labels(samples, own, centroids, margin=0.3)) == [0, 0, 0, 1]
+    # cosine, not dot product: a centroid's length (its label's record count) does not decide
+    assert list(corrected_labels(samples, own, centroids * [[10.0], [1.0]], margin=0.05)) == [1, 0, 0, 1]
+
+
+def test_denoising_keeps_the_synthetic_span_and_drops_the_rest() -> None:
+    rng = np.random.default_rng(0)
+    synthetic = np.zeros((50, 6))
+    synthetic[:, 0] = 1.0
+    synthetic[:, 1] = rng.normal(size=50)  # the samples vary along e1 only: span{mean, top direction} = {e0, e1}
+    centroids = np.array([[2.0, 3.0, 5.0, 0.0, -1.0, 0.0]])
+    assert np.allclose(denoise_in_synthetic_span(centroids, synthetic, subspace=1), [[2.0, 3.0, 0, 0, 0, 0]])
+    assert np.array_equal(denoise_in_synthetic_span(centroids, synthetic, subspace=0), centroids)
+
+
+def test_the_released_sums_have_sensitivity_one_per_record_by_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    private, labels = rng.normal(size=(9, 5)), rng.integers(0, 3, size=9)
+    placeholder, spec = np.zeros((3, 5)), VoteSpec(kind="embedding_sums")
+    full = compute_votes(spec, private, labels, placeholder, np.arange(3))
+    worst = max(np.linalg.norm(full - compute_votes(spec, np.delete(private, i, 0), np.delete(labels, i),
+                                                    placeholder, np.arange(3))) for i in range(9))
+    assert worst == pytest.approx(1.0), "removing one record moves the sums by its unit embedding"
+
+
+def test_the_stage_adds_one_release_to_any_method_and_the_public_control_none() -> None:
+    alone = plan_for_method("zero-shot", epsilon=4.0, delta=1e-5, relabel={})
+    knobs = alone.calibrate()
+    assert [r.name for r in alone.schedule.releases] == [RELABEL]
+    assert alone.epsilon_of(knobs) == pytest.approx(4.0, rel=1e-3), "alone, the sums take the whole budget"
+    assert knobs[RELABEL_SIGMA] == pytest.approx(1.081, abs=2e-3)
+    wasp = plan_for_method("wasp", epsilon=4.0, delta=1e-5, options={"iterations": 3}, relabel={})
+    assert wasp.epsilon_of(wasp.calibrate()) == pytest.approx(4.0, rel=1e-3)
+    assert wasp.schedule.knob(RELABEL_SIGMA).share == 0.2, "next to a method's own noise: a default share"
+    both = plan_for_method("zero-shot", epsilon=4.0, delta=1e-5, relabel={}, resample={"clusters": 2})
+    assert both.epsilon_of(both.calibrate()) == pytest.approx(4.0, rel=1e-3), "with resampling: one free knob"
+    assert plan_for_method("zero-shot", epsilon=4.0, relabel={"scoring": "public"}).schedule.is_empty
+    with pytest.raises(DpsynthError, match="not both"):
+        plan_for_method("zero-shot", epsilon=4.0, relabel={"sigma": 1.0, "share": 0.1})
+
+
+def test_relabel_is_refused_in_a_federated_run(tmp_path: Path) -> None:
+    raw = _config(tmp_path, "wasp")
+    raw["relabel"] = {}
+    raw["federated"] = {"parties": 2}
+    with pytest.raises(DpsynthError, match="central stage"):
+        parse_config(raw, "run.yaml")
+
+
+def _relabel_config(tmp_path: Path, **options) -> dict:
+    raw = _config(tmp_path, "zero-shot")
+    raw["privacy"]["label_proportions"] = None
+    raw["relabel"] = {"margin": 0.0, **options}
+    return raw
+
+
+def _run(tmp_path: Path, raw: dict) -> Path:
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(_typer_app, ["run", str(tmp_path / "run.yaml"), "-o", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    return tmp_path / "run"
+
+
+def test_zero_shot_plus_relabelling_pays_what_budget_plans_and_changes_only_labels(tmp_path: Path) -> None:
+    run = _run(tmp_path, _relabel_config(tmp_path))
+    privacy = json.loads((run / "privacy.json").read_text())
+    assert [e["name"] for e in privacy["events"]] == [RELABEL]
+    assert privacy["epsilon"] == pytest.approx(_budget_epsilon(tmp_path / "run.yaml"), abs=1e-4)
+    assert privacy["private_records_read"] is True
+    stage = json.loads((run / "metrics.json").read_text())["iterations"][-1]["relabel"]
+    final = [json.loads(x) for x in (run / "synthetic.jsonl").read_text().splitlines()]
+    assert stage["samples"] == len(final) == 12
+    assert stage["moved"] == sum(stage["moved_to"].values())
+    released = json.loads(next((run / "checkpoints" / "releases").glob("relabel*")).read_text())
+    values = np.asarray(released["values"], dtype=float)
+    assert len(values) % 2 == 0 and len(values) > 2 and not np.all(values == np.round(values)), \
+        "one noisy row of sums per label is saved, nothing clean"
+
+
+def test_the_public_control_reads_no_private_record_and_spends_nothing(tmp_path: Path) -> None:
+    run = _run(tmp_path, _relabel_config(tmp_path, scoring="public"))
+    privacy = json.loads((run / "privacy.json").read_text())
+    assert privacy["events"] == [] and privacy["private_records_read"] is False
+    assert json.loads((run / "metrics.json").read_text())["iterations"][-1]["relabel"]["scoring"] == "public"
+
+
+def test_a_crash_in_the_stage_resumes_without_a_second_release(tmp_path: Path) -> None:
+    from dpsynth.runs.engine import Run
+
+    cfg = parse_config(_relabel_config(tmp_path))
+    run = Run.create(cfg, tmp_path / "run")
+    original = run._relabel
+
+    def crash(live, t):
+        original(live, t)
+        raise KeyboardInterrupt  # after the sums' release, before the checkpoint
+
+    run._relabel = crash  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        run.execute()
+    saved = json.loads(next((tmp_path / "run" / "checkpoints" / "releases").glob("relabel*")).read_text())
+    Run.resume(tmp_path / "run").execute()
+    again = json.loads(next((tmp_path / "run" / "checkpoints" / "releases").glob("relabel*")).read_text())
+    assert again["values"] == saved["values"]
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert [e["name"] for e in privacy["events"]].count(RELABEL) == 1
+
+
+def test_bench_treats_private_relabelling_as_private_and_the_public_control_as_not() -> None:
+    bench = BenchConfig(base={"data": {"corpus": "rotten_tomatoes", "m": 100}, "generators": [{"model": "a"}]},
+                        variants=[{"name": "zero-shot", "method": "zero-shot"},
+                                  {"name": "public", "method": "zero-shot", "overrides": {"relabel": {"scoring": "public"}}},
+                                  {"name": "private", "method": "zero-shot", "overrides": {"relabel": {}}}],
+                        epsilons=[4.0], seeds=[0])
+    assert {c["variant"]: c["epsilon"] for c in cells(bench)} == {"zero-shot": None, "public": None, "private": 4.0}
