@@ -149,7 +149,8 @@ def test_a_crash_in_the_stage_resumes_without_a_second_release(tmp_path: Path) -
 def test_bench_treats_private_relabelling_as_private_and_the_public_control_as_not() -> None:
     bench = BenchConfig(base={"data": {"corpus": "rotten_tomatoes", "m": 100}, "generators": [{"model": "a"}]},
                         variants=[{"name": "zero-shot", "method": "zero-shot"},
-                                  {"name": "public", "method": "zero-shot", "overrides": {"relabel": {"scoring": "public"}}},
+                                  {"name": "public", "method": "zero-shot",
+                                   "overrides": {"relabel": {"scoring": "public"}}},
                                   {"name": "private", "method": "zero-shot", "overrides": {"relabel": {}}}],
                         epsilons=[4.0], seeds=[0])
     assert {c["variant"]: c["epsilon"] for c in cells(bench)} == {"zero-shot": None, "public": None, "private": 4.0}
