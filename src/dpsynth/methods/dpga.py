@@ -49,13 +49,14 @@ from dpsynth.methods.generation import (
 )
 from dpsynth.methods.registry import register
 from dpsynth.privacy.accountant import Adjacency
-from dpsynth.privacy.events import (
-    LaplaceEvent,
-    PrivacyEvent,
-    PureDpEvent,
-    SubsampledGaussianEvent,
+from dpsynth.privacy.schedule import (
+    Knob,
+    Release,
+    Schedule,
+    laplace_events,
+    sparse_vector_events,
+    subsampled_gaussian_events,
 )
-from dpsynth.privacy.schedule import Knob, Release, Schedule
 from dpsynth.privacy.sensitivity import histogram_sensitivity, pe_top1_sensitivity
 from dpsynth.prompts.builder import (
     build_dpga_request,
@@ -163,18 +164,19 @@ class DPGA(Method[DPGAOptions, DPGAState]):
         used = {"labels": self.label_release() is not None, "lengths": o.use_lengths, "keywords": o.use_keywords}
         # each histogram keeps its third of budget_attributes; a disabled one leaves its share to the votes
         attributes = [what for what in ATTRIBUTES if used[what]]
-        releases = [Release(f"{self.name}.{what}", None, f"{what}_scale", _laplace(l1), l1) for what in attributes]
+        releases = [Release(f"{self.name}.{what}", None, f"{what}_scale", laplace_events(l1), l1)
+                    for what in attributes]
         knobs = [Knob(f"{what}_scale", share=o.budget_attributes / len(ATTRIBUTES),
                       description=f"Laplace scale of the {what} histogram") for what in attributes]
         if o.use_lengths:
             # AboveThreshold: count queries change by at most m records, under add/remove or replacement
-            releases += [Release(f"{self.name}.length_{which}", None, SVT, _svt(float(m)), float(m))
+            releases += [Release(f"{self.name}.length_{which}", None, SVT, sparse_vector_events(float(m)), float(m))
                          for which in ("max", "min")]
             knobs.append(Knob(SVT, share=o.budget_svt, description="sparse vector's threshold scale (length range)"))
         # the PLD of a subsampled Gaussian applies the adjacency itself: give it one unit's own norm
         vote_sens = pe_top1_sensitivity(Adjacency.ADD_REMOVE, max_records_per_user=m)
-        releases += [Release(f"{self.name}.votes", t, VOTES, _subsampled(o.sampling_rate, vote_sens), vote_sens)
-                     for t in range(1, o.generations + 1)]
+        votes = subsampled_gaussian_events(o.sampling_rate, vote_sens)
+        releases += [Release(f"{self.name}.votes", t, VOTES, votes, vote_sens) for t in range(1, o.generations + 1)]
         knobs.append(Knob(VOTES, guess=None if math.isinf(p.epsilon) else 5.0,
                           description="Gaussian noise on each subsampled vote release"))
         return Schedule(tuple(releases), tuple(knobs),
@@ -382,24 +384,3 @@ def _probabilities(noisy: np.ndarray) -> list[float]:
     if clipped.sum() <= 0:
         clipped = np.ones_like(clipped)
     return (clipped / clipped.sum()).tolist()
-
-
-def _laplace(sensitivity: float):
-    def make(name: str, scale: float) -> PrivacyEvent:
-        return LaplaceEvent(name=name, sensitivity=sensitivity, scale=scale)
-
-    return make
-
-
-def _svt(sensitivity: float):
-    def make(name: str, scale: float) -> PrivacyEvent:
-        return PureDpEvent(name=name, epsilon=2 * sensitivity / scale, mechanism="svt")
-
-    return make
-
-
-def _subsampled(rate: float, sensitivity: float):
-    def make(name: str, sigma: float) -> PrivacyEvent:
-        return SubsampledGaussianEvent(name=name, sampling_rate=rate, noise_multiplier=sigma / sensitivity)
-
-    return make

@@ -179,14 +179,58 @@ class Schedule:
             raise DpsynthError(f"cannot calibrate {knob.name} for epsilon {epsilon:g}: {err}") from err
 
 
-def gaussian_releases(kind: str, indices: Sequence[int | None], knob: str,
-                      sensitivity: float) -> tuple[Release, ...]:
-    """Gaussian releases of a vector with L2 `sensitivity`, one per index, all on `knob` (sigma)."""
+# The event makers: the one place a release's knob value becomes its privacy event. Each follows
+# privacy/events.py's convention for its kind (enforced over every kind by
+# tests/test_privacy_accounting.py::test_every_event_kind_follows_its_stated_sensitivity_convention).
+
+def gaussian_events(sensitivity: float) -> EventMaker:
+    """Gaussian noise of std `sigma` (the knob) on a vector whose L2 sensitivity, already scaled for the
+    adjacency, is `sensitivity`."""
     from dpsynth.privacy.events import GaussianEvent
 
     def make(name: str, sigma: float) -> PrivacyEvent:
         return GaussianEvent(name=name, sensitivity=sensitivity, sigma=sigma)
 
+    return make
+
+
+def laplace_events(sensitivity: float) -> EventMaker:
+    """Laplace noise of scale `b` (the knob) on a histogram whose L1 sensitivity, already scaled for the
+    adjacency, is `sensitivity`."""
+    from dpsynth.privacy.events import LaplaceEvent
+
+    def make(name: str, scale: float) -> PrivacyEvent:
+        return LaplaceEvent(name=name, sensitivity=sensitivity, scale=scale)
+
+    return make
+
+
+def sparse_vector_events(sensitivity: float) -> EventMaker:
+    """The sparse-vector technique with Laplace scale `b` (the knob) on threshold and queries: pure
+    2 x sensitivity / b (Lyu, Su and Li 2017, Alg. 1 with one answer)."""
+    from dpsynth.privacy.events import PureDpEvent
+
+    def make(name: str, scale: float) -> PrivacyEvent:
+        return PureDpEvent(name=name, epsilon=2 * sensitivity / scale, mechanism="svt")
+
+    return make
+
+
+def subsampled_gaussian_events(sampling_rate: float, sensitivity: float) -> EventMaker:
+    """Poisson-subsampled Gaussian votes with noise std `sigma` (the knob): the event carries the noise
+    multiplier sigma / (one unit's own L2 norm), and the PLD applies the adjacency itself."""
+    from dpsynth.privacy.events import SubsampledGaussianEvent
+
+    def make(name: str, sigma: float) -> PrivacyEvent:
+        return SubsampledGaussianEvent(name=name, sampling_rate=sampling_rate, noise_multiplier=sigma / sensitivity)
+
+    return make
+
+
+def gaussian_releases(kind: str, indices: Sequence[int | None], knob: str,
+                      sensitivity: float) -> tuple[Release, ...]:
+    """Gaussian releases of a vector with L2 `sensitivity`, one per index, all on `knob` (sigma)."""
+    make = gaussian_events(sensitivity)
     return tuple(Release(kind, t, knob, make, sensitivity) for t in indices)
 
 
