@@ -18,7 +18,13 @@ from typer.testing import CliRunner
 from dpsynth.bench.grid import BenchConfig, cells
 from dpsynth.cli import _typer_app
 from dpsynth.errors import DpsynthError
-from dpsynth.methods.relabel import RELABEL, RELABEL_SIGMA, corrected_labels, denoise_in_synthetic_span
+from dpsynth.methods.relabel import (
+    RELABEL,
+    RELABEL_SIGMA,
+    corrected_labels,
+    denoise_in_synthetic_span,
+    pair_signal_to_noise,
+)
 from dpsynth.runs.config import parse_config
 from dpsynth.runs.planning import plan_for_method
 from dpsynth.voting.spec import VoteSpec, compute_votes
@@ -41,6 +47,27 @@ def test_a_sample_moves_only_when_another_centroid_is_nearer_by_more_than_the_ma
     assert list(corrected_labels(samples, own, centroids, margin=0.3)) == [0, 0, 0, 1]
     # cosine, not dot product: a centroid's length (its label's record count) does not decide
     assert list(corrected_labels(samples, own, centroids * [[10.0], [1.0]], margin=0.05)) == [1, 0, 0, 1]
+
+
+def test_a_sample_never_moves_to_a_label_the_guard_closes() -> None:
+    centroids = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    samples = np.array([[0.1, 0.9, 0.5], [0.0, 0.2, 1.0]])
+    own = np.array([0, 0])
+    allowed = np.ones((3, 3), dtype=bool)
+    assert list(corrected_labels(samples, own, centroids, 0.05, allowed)) == [1, 2]
+    allowed[0, 1] = False  # 0 -> 1 closed: the first sample takes its next-nearest open label, 2
+    assert list(corrected_labels(samples, own, centroids, 0.05, allowed)) == [2, 2]
+    allowed[0, :] = False
+    assert list(corrected_labels(samples, own, centroids, 0.05, allowed)) == [0, 0], "nothing open: labels stay"
+
+
+def test_pair_signal_to_noise_by_hand() -> None:
+    # two orthogonal centroids of norm 10: unit distance sqrt(2); nu = sigma x sqrt(dims) / 10 = 0.5 each
+    snr = pair_signal_to_noise(np.array([[10.0, 0.0], [0.0, 10.0]]), sigma=1.0, dimensions=25)
+    assert snr[0, 1] == pytest.approx(np.sqrt((2 - 0.5) / 0.5)) and snr[0, 0] == 0.0
+    noisy = pair_signal_to_noise(np.array([[1.0, 0.0], [0.0, 1.0]]), sigma=1.0, dimensions=25)
+    assert noisy[0, 1] == 0.0, "centroids no longer than their noise carry no separation"
+    assert np.isinf(pair_signal_to_noise(np.eye(2), sigma=0.0, dimensions=25)[0, 1]), "no noise: every pair open"
 
 
 def test_denoising_keeps_the_synthetic_span_and_drops_the_rest() -> None:
@@ -90,7 +117,7 @@ def test_relabel_is_refused_in_a_federated_run(tmp_path: Path) -> None:
 def _relabel_config(tmp_path: Path, **options) -> dict:
     raw = _config(tmp_path, "zero-shot")
     raw["privacy"]["label_proportions"] = None
-    raw["relabel"] = {"margin": 0.0, **options}
+    raw["relabel"] = {"margin": 0.0, "min_snr": 0.0, **options}
     return raw
 
 

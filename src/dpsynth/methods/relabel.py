@@ -14,6 +14,11 @@ add/remove, 2 under replacement, brute-force tested); everything after that rele
 2. Every sample's cosine to each label's denoised centroid is computed; a sample moves to another label when
    that label's centroid is nearer than its own by more than `margin` (a sample the centroids cannot tell
    apart keeps the label its generator was asked for).
+3. Do no harm where the noise wins: a sample may move between two labels only when their denoised centroids
+   are at least `min_snr` noise scales apart (`pair_signal_to_noise`, estimated from the noisy sums and the
+   public sigma only). With few records per label (TREC's six labels at M=100) the centroids are mostly
+   noise, and moving samples by them cost 16 points of macro-F1 (docs/results.md); the guard then leaves
+   those labels alone.
 
 `scoring: public` runs the same rule against the embeddings of the public label descriptions: a control with
 no private data (epsilon 0), so that a gain cannot come from the rule alone.
@@ -76,12 +81,34 @@ def denoise_in_synthetic_span(centroids: np.ndarray, synthetic: np.ndarray, subs
     return np.asarray(centroids, dtype=np.float64) @ basis @ basis.T
 
 
+def pair_signal_to_noise(centroids: np.ndarray, sigma: float, dimensions: int) -> np.ndarray:
+    """(labels x labels): how many noise scales apart two labels' unit centroids are, from the noisy centroids
+    and the public sigma only (post-processing). A centroid's direction moves by about sigma x sqrt(dimensions)
+    / its norm (nu_c); the noise adds nu_a^2 + nu_b^2 to the squared distance of two unit centroids, so the
+    clean distance is estimated as sqrt(max(d^2 - nu_a^2 - nu_b^2, 0)) and divided by sqrt(nu_a^2 + nu_b^2).
+    sigma 0 (the public control, or no noise) gives infinity off the diagonal."""
+    c = np.asarray(centroids, dtype=np.float64)
+    norms = np.linalg.norm(c, axis=1)
+    nu2 = (sigma * np.sqrt(dimensions) / np.where(norms > 0, norms, np.inf)) ** 2
+    unit = _unit_rows(c)
+    d2 = np.sum((unit[:, None, :] - unit[None, :, :]) ** 2, axis=-1)
+    noise2 = nu2[:, None] + nu2[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        snr = np.where(noise2 > 0, np.sqrt(np.maximum(d2 - noise2, 0.0) / noise2), np.inf)
+    np.fill_diagonal(snr, 0.0)
+    return snr
+
+
 def corrected_labels(synthetic: np.ndarray, label_ids: Sequence[int] | np.ndarray, centroids: np.ndarray,
-                     margin: float) -> np.ndarray:
+                     margin: float, allowed: np.ndarray | None = None) -> np.ndarray:
     """Each sample's label after correction: the label of its nearest centroid (cosine) when that one is nearer
-    than the sample's own label's by more than `margin`, else its own label."""
+    than the sample's own label's by more than `margin`, else its own label. `allowed[a, b]`: a sample of label
+    a may move to label b (default: every pair)."""
     own = np.asarray(label_ids, dtype=np.int64)
     scores = _unit_rows(synthetic) @ _unit_rows(centroids).T
+    if allowed is not None:  # a label the sample may not move to scores below its own
+        reachable = np.asarray(allowed, dtype=bool)[own] | (np.arange(scores.shape[1]) == own[:, None])
+        scores = np.where(reachable, scores, -np.inf)
     best = scores.argmax(axis=1)
     gap = scores[np.arange(len(own)), best] - scores[np.arange(len(own)), own]
     return np.where(gap > margin, best, own)
@@ -89,8 +116,8 @@ def corrected_labels(synthetic: np.ndarray, label_ids: Sequence[int] | np.ndarra
 
 def relabel_stage(options: RelabelConfig, *, samples: list[SyntheticSample], embeddings: np.ndarray,
                   label_ids: np.ndarray, label_names: Sequence[str], holder,
-                  public_centroids: Callable[[], np.ndarray],
-                  release: tuple[str, int | None]) -> tuple[list[SyntheticSample], dict]:
+                  public_centroids: Callable[[], np.ndarray], release: tuple[str, int | None],
+                  sigma: float) -> tuple[list[SyntheticSample], dict]:
     """Ask the holder for the noisy per-label sums of `release` (or embed the public label descriptions), denoise
     them in the synthetic span and correct the labels. Returns (samples, record of what moved)."""
     if not samples:
@@ -104,11 +131,23 @@ def relabel_stage(options: RelabelConfig, *, samples: list[SyntheticSample], emb
                                   release=release)
         centroids = np.asarray(sums, dtype=np.float64).reshape(n_labels, -1)
     denoised = denoise_in_synthetic_span(centroids, embeddings, options.subspace)
-    new = corrected_labels(embeddings, label_ids, denoised, options.margin)
+    dimensions = options.subspace + 1 if options.subspace > 0 else embeddings.shape[1]
+    snr = pair_signal_to_noise(denoised, sigma if options.scoring == "private" else 0.0, dimensions)
+    allowed = snr >= options.min_snr
+    new = corrected_labels(embeddings, label_ids, denoised, options.margin, allowed)
     out = [s if new[i] == label_ids[i] else replace(s, label=label_names[int(new[i])])
            for i, s in enumerate(samples)]
     moved = np.bincount(new[new != label_ids], minlength=n_labels)
     stats = {"samples": len(samples), "moved": int((new != label_ids).sum()),
              "moved_to": {label_names[c]: int(moved[c]) for c in range(n_labels)},
-             "scoring": options.scoring, "subspace": options.subspace, "margin": options.margin}
+             "scoring": options.scoring, "subspace": options.subspace, "margin": options.margin,
+             "min_snr": options.min_snr, "label_pairs_allowed": int(allowed.sum() - np.trace(allowed)),
+             "label_pairs": n_labels * (n_labels - 1),
+             "median_pair_signal_to_noise": _finite_median(snr[~np.eye(n_labels, dtype=bool)])}
     return out, stats
+
+
+def _finite_median(values: np.ndarray) -> float | None:
+    """Median of the finite values (None when there is no noise to compare against)."""
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if len(finite) else None

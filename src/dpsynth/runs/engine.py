@@ -29,7 +29,7 @@ from dpsynth.llm.base import Usage
 from dpsynth.llm.spend import SpendCapReached
 from dpsynth.methods.base import MethodState, StepContext
 from dpsynth.methods.generation import SyntheticSample
-from dpsynth.methods.relabel import RELABEL, relabel_stage
+from dpsynth.methods.relabel import RELABEL, RELABEL_SIGMA, relabel_stage
 from dpsynth.methods.resample import RESAMPLE, RESAMPLE_SIGMA, resample_stage
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import summary_lines
@@ -300,6 +300,7 @@ class Run:
         chosen, stats = relabel_stage(
             self.config.relabel, samples=samples, embeddings=embeddings, label_ids=ctx.label_ids(samples),
             label_names=task.label_names, holder=ctx.holder, release=(RELABEL, None),
+            sigma=live.knobs.get(RELABEL_SIGMA, 0.0),
             public_centroids=lambda: ctx.embed([f"{task.text_kind} ({c}: {task.labels[c]})" for c in task.label_names]))
         ctx.add_time("voting", t0)  # the holder's sums (and its embedding of the private texts) are inside
         live.state.relabelled = chosen
