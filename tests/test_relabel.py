@@ -23,7 +23,8 @@ from dpsynth.methods.relabel import (
     RELABEL_SIGMA,
     corrected_labels,
     denoise_in_synthetic_span,
-    pair_signal_to_noise,
+    gap_noise,
+    synthetic_basis,
 )
 from dpsynth.runs.config import parse_config
 from dpsynth.runs.planning import plan_for_method
@@ -49,25 +50,25 @@ def test_a_sample_moves_only_when_another_centroid_is_nearer_by_more_than_the_ma
     assert list(corrected_labels(samples, own, centroids * [[10.0], [1.0]], margin=0.05)) == [1, 0, 0, 1]
 
 
-def test_a_sample_never_moves_to_a_label_the_guard_closes() -> None:
+def test_a_sample_moves_only_when_its_gap_beats_the_noise() -> None:
     centroids = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     samples = np.array([[0.1, 0.9, 0.5], [0.0, 0.2, 1.0]])
     own = np.array([0, 0])
-    allowed = np.ones((3, 3), dtype=bool)
-    assert list(corrected_labels(samples, own, centroids, 0.05, allowed)) == [1, 2]
-    allowed[0, 1] = False  # 0 -> 1 closed: the first sample takes its next-nearest open label, 2
-    assert list(corrected_labels(samples, own, centroids, 0.05, allowed)) == [2, 2]
-    allowed[0, :] = False
-    assert list(corrected_labels(samples, own, centroids, 0.05, allowed)) == [0, 0], "nothing open: labels stay"
+    noise = np.zeros((2, 3, 3))
+    assert list(corrected_labels(samples, own, centroids, 0.05, noise, min_z=2.0)) == [1, 2]
+    noise[0, 0, 1] = 0.4  # sample 0's gap to label 1 (about 0.78) is under 2 x 0.4: it takes its next open label
+    assert list(corrected_labels(samples, own, centroids, 0.05, noise, min_z=2.0)) == [2, 2]
+    noise[:, 0, :] = 1.0
+    assert list(corrected_labels(samples, own, centroids, 0.05, noise, min_z=2.0)) == [0, 0], "all noise: stays"
+    assert list(corrected_labels(samples, own, centroids, 0.05, noise, min_z=0.0)) == [1, 2], "z 0: no test"
 
 
-def test_pair_signal_to_noise_by_hand() -> None:
-    # two orthogonal centroids of norm 10: unit distance sqrt(2); nu = sigma x sqrt(dims) / 10 = 0.5 each
-    snr = pair_signal_to_noise(np.array([[10.0, 0.0], [0.0, 10.0]]), sigma=1.0, dimensions=25)
-    assert snr[0, 1] == pytest.approx(np.sqrt((2 - 0.5) / 0.5)) and snr[0, 0] == 0.0
-    noisy = pair_signal_to_noise(np.array([[1.0, 0.0], [0.0, 1.0]]), sigma=1.0, dimensions=25)
-    assert noisy[0, 1] == 0.0, "centroids no longer than their noise carry no separation"
-    assert np.isinf(pair_signal_to_noise(np.eye(2), sigma=0.0, dimensions=25)[0, 1]), "no noise: every pair open"
+def test_gap_noise_by_hand() -> None:
+    # centroids of norm 2 and 4: a unit sample's gap moves by sigma x sqrt(1/4 + 1/16)
+    noise = gap_noise(np.array([[1.0, 0.0]]), np.array([[2.0, 0.0], [0.0, 4.0]]), sigma=0.5, basis=None)
+    assert noise.shape == (1, 2, 2) and noise[0, 0, 1] == pytest.approx(0.5 * np.sqrt(1 / 4 + 1 / 16))
+    basis = np.array([[0.0], [1.0]])  # a sample outside the kept span is not moved by the kept noise
+    assert gap_noise(np.array([[1.0, 0.0]]), np.array([[2.0, 0.0], [0.0, 4.0]]), 0.5, basis)[0, 0, 1] == 0.0
 
 
 def test_denoising_keeps_the_synthetic_span_and_drops_the_rest() -> None:
@@ -76,8 +77,10 @@ def test_denoising_keeps_the_synthetic_span_and_drops_the_rest() -> None:
     synthetic[:, 0] = 1.0
     synthetic[:, 1] = rng.normal(size=50)  # the samples vary along e1 only: span{mean, top direction} = {e0, e1}
     centroids = np.array([[2.0, 3.0, 5.0, 0.0, -1.0, 0.0]])
-    assert np.allclose(denoise_in_synthetic_span(centroids, synthetic, subspace=1), [[2.0, 3.0, 0, 0, 0, 0]])
-    assert np.array_equal(denoise_in_synthetic_span(centroids, synthetic, subspace=0), centroids)
+    basis = synthetic_basis(synthetic, subspace=1)
+    assert np.allclose(denoise_in_synthetic_span(centroids, basis), [[2.0, 3.0, 0, 0, 0, 0]])
+    assert synthetic_basis(synthetic, subspace=0) is None
+    assert np.array_equal(denoise_in_synthetic_span(centroids, None), centroids)
 
 
 def test_the_released_sums_have_sensitivity_one_per_record_by_brute_force() -> None:
@@ -117,7 +120,7 @@ def test_relabel_is_refused_in_a_federated_run(tmp_path: Path) -> None:
 def _relabel_config(tmp_path: Path, **options) -> dict:
     raw = _config(tmp_path, "zero-shot")
     raw["privacy"]["label_proportions"] = None
-    raw["relabel"] = {"margin": 0.0, "min_snr": 0.0, **options}
+    raw["relabel"] = {"margin": 0.0, "min_z": 0.0, **options}
     return raw
 
 

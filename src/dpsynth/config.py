@@ -212,8 +212,8 @@ class RelabelConfig(Section):
                           "than its own by more than this cosine")
     subspace: int = Field(16, ge=0, description="denoise the centroids in the span of the synthetic mean and this "
                           "many principal directions of the synthetic embeddings (0: all dimensions)")
-    min_snr: float = Field(3.0, ge=0, description="a sample moves between two labels only when their centroids are "
-                           "this many noise scales apart (estimated from the noisy sums; 0: always)")
+    min_z: float = Field(2.0, ge=0, description="a sample moves only when its cosine gap is at least this many "
+                         "noise standard deviations of the gap (estimated from the noisy sums; 0: no test)")
     sigma: float | None = Field(None, gt=0, description="fixed Gaussian noise on the sums")
     share: float | None = Field(None, gt=0, lt=1, description="share of epsilon for the sums (default 0.2 when "
                                 "another part of the run has noise to calibrate, else the whole budget)")
