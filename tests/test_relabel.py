@@ -54,21 +54,22 @@ def test_a_sample_moves_only_when_its_gap_beats_the_noise() -> None:
     centroids = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     samples = np.array([[0.1, 0.9, 0.5], [0.0, 0.2, 1.0]])
     own = np.array([0, 0])
-    noise = np.zeros((2, 3, 3))
+    noise = np.zeros((2, 3))
     assert list(corrected_labels(samples, own, centroids, 0.05, noise, min_z=2.0)) == [1, 2]
-    noise[0, 0, 1] = 0.4  # sample 0's gap to label 1 (about 0.78) is under 2 x 0.4: it takes its next open label
+    noise[0, 1] = 0.4  # sample 0's gap to label 1 (about 0.78) is under 2 x 0.4: it takes its next open label
     assert list(corrected_labels(samples, own, centroids, 0.05, noise, min_z=2.0)) == [2, 2]
-    noise[:, 0, :] = 1.0
+    noise[:, :] = 1.0
     assert list(corrected_labels(samples, own, centroids, 0.05, noise, min_z=2.0)) == [0, 0], "all noise: stays"
     assert list(corrected_labels(samples, own, centroids, 0.05, noise, min_z=0.0)) == [1, 2], "z 0: no test"
 
 
 def test_gap_noise_by_hand() -> None:
-    # centroids of norm 2 and 4: a unit sample's gap moves by sigma x sqrt(1/4 + 1/16)
-    noise = gap_noise(np.array([[1.0, 0.0]]), np.array([[2.0, 0.0], [0.0, 4.0]]), sigma=0.5, basis=None)
-    assert noise.shape == (1, 2, 2) and noise[0, 0, 1] == pytest.approx(0.5 * np.sqrt(1 / 4 + 1 / 16))
+    # centroids of norm 2 and 4: a unit sample's gap from label 0 to label 1 moves by sigma x sqrt(1/4 + 1/16)
+    centroids = np.array([[2.0, 0.0], [0.0, 4.0]])
+    noise = gap_noise(np.array([[1.0, 0.0]]), [0], centroids, sigma=0.5, basis=None)
+    assert noise.shape == (1, 2) and noise[0, 1] == pytest.approx(0.5 * np.sqrt(1 / 4 + 1 / 16))
     basis = np.array([[0.0], [1.0]])  # a sample outside the kept span is not moved by the kept noise
-    assert gap_noise(np.array([[1.0, 0.0]]), np.array([[2.0, 0.0], [0.0, 4.0]]), 0.5, basis)[0, 0, 1] == 0.0
+    assert gap_noise(np.array([[1.0, 0.0]]), [0], centroids, 0.5, basis)[0, 1] == 0.0
 
 
 def test_denoising_keeps_the_synthetic_span_and_drops_the_rest() -> None:

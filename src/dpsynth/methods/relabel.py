@@ -60,8 +60,8 @@ def relabel_schedule(config: RunConfig, before: Schedule) -> Schedule:
     else:
         knob = Knob(RELABEL_SIGMA, description=f"{what} (the whole budget)")
     return Schedule(gaussian_releases(RELABEL, [None], RELABEL_SIGMA, sens), (knob,),
-                    ("DP label correction: one release of per-label embedding sums; each sample moves to the label "
-                     "whose denoised centroid is nearer than its own by more than the margin",))
+                    ("DP label correction: one release of per-label embedding sums; a sample moves to a label whose "
+                     "denoised centroid is nearer than its own by more than the margin and min_z noise std",))
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
@@ -88,30 +88,32 @@ def denoise_in_synthetic_span(centroids: np.ndarray, basis: np.ndarray | None) -
     return c if basis is None else c @ basis @ basis.T
 
 
-def gap_noise(synthetic: np.ndarray, centroids: np.ndarray, sigma: float, basis: np.ndarray | None) -> np.ndarray:
-    """(samples x labels x labels): the noise std of each sample's cosine gap between two labels, from the noisy
-    centroids and the public sigma only (post-processing). Noise of std sigma per dimension turns a centroid of
-    norm |c| so that a unit sample x's cosine to it moves by about sigma |P x| / |c| (P: the denoising projection,
-    or the identity), independently for two labels: the gap's std is sigma |P x| sqrt(1/|c_a|^2 + 1/|c_b|^2)."""
+def gap_noise(synthetic: np.ndarray, own: Sequence[int] | np.ndarray, centroids: np.ndarray, sigma: float,
+              basis: np.ndarray | None) -> np.ndarray:
+    """(samples x labels): the noise std of each sample's cosine gap from its own label to every label, from the
+    noisy centroids and the public sigma only (post-processing). Noise of std sigma per dimension turns a centroid
+    of norm |c| so that a unit sample x's cosine to it moves by about sigma |P x| / |c| (P: the denoising
+    projection, or the identity), independently for two labels: the gap's std is
+    sigma |P x| sqrt(1/|c_own|^2 + 1/|c_c|^2). Linear in the samples, whatever the number of labels."""
     x = _unit_rows(synthetic)
     reach = np.linalg.norm(x @ basis, axis=1) if basis is not None else np.ones(len(x))
     norms = np.linalg.norm(np.asarray(centroids, dtype=np.float64), axis=1)
     inv2 = 1.0 / np.where(norms > 0, norms, 1e-12) ** 2
-    return sigma * reach[:, None, None] * np.sqrt(inv2[:, None] + inv2[None, :])[None, :, :]
+    return sigma * reach[:, None] * np.sqrt(inv2[np.asarray(own, dtype=np.int64)][:, None] + inv2[None, :])
 
 
 def corrected_labels(synthetic: np.ndarray, label_ids: Sequence[int] | np.ndarray, centroids: np.ndarray,
                      margin: float, noise: np.ndarray | None = None, min_z: float = 0.0) -> np.ndarray:
     """Each sample's label after correction: the label of its nearest centroid (cosine) among those that beat
-    the sample's own label's by more than `margin` and, given `noise` (`gap_noise`), by at least `min_z` times
-    the gap's noise std; else its own label."""
+    the sample's own label's by more than `margin` and, given `noise` (`gap_noise`: samples x labels), by at
+    least `min_z` times the gap's noise std; else its own label."""
     own = np.asarray(label_ids, dtype=np.int64)
     rows = np.arange(len(own))
     scores = _unit_rows(synthetic) @ _unit_rows(centroids).T
     gap = scores - scores[rows, own][:, None]
     needed = np.full_like(gap, margin)
     if noise is not None:
-        needed = np.maximum(needed, min_z * noise[rows, own, :])
+        needed = np.maximum(needed, min_z * noise)
     open_ = gap > needed
     open_[rows, own] = False
     candidate = np.where(open_, scores, -np.inf)
@@ -136,7 +138,8 @@ def relabel_stage(options: RelabelConfig, *, samples: list[SyntheticSample], emb
         centroids = np.asarray(sums, dtype=np.float64).reshape(n_labels, -1)
     basis = synthetic_basis(embeddings, options.subspace)
     denoised = denoise_in_synthetic_span(centroids, basis)
-    noise = gap_noise(embeddings, denoised, sigma, basis) if options.scoring == "private" and sigma > 0 else None
+    private = options.scoring == "private" and sigma > 0
+    noise = gap_noise(embeddings, label_ids, denoised, sigma, basis) if private else None
     new = corrected_labels(embeddings, label_ids, denoised, options.margin, noise, options.min_z)
     out = [s if new[i] == label_ids[i] else replace(s, label=label_names[int(new[i])])
            for i, s in enumerate(samples)]
