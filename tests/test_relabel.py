@@ -185,3 +185,28 @@ def test_bench_treats_private_relabelling_as_private_and_the_public_control_as_n
                                   {"name": "private", "method": "zero-shot", "overrides": {"relabel": {}}}],
                         epsilons=[4.0], seeds=[0])
     assert {c["variant"]: c["epsilon"] for c in cells(bench)} == {"zero-shot": None, "public": None, "private": 4.0}
+
+
+def test_a_resume_that_adds_or_drops_a_final_stage_is_refused(tmp_path: Path) -> None:
+    """Final stages are numbered after the method's iterations: a resume must find the same list, even when the
+    added stage (the public control) releases nothing."""
+    from dpsynth.runs.engine import Run
+
+    raw = _config(tmp_path, "zero-shot")
+    raw["privacy"]["label_proportions"] = None
+    (tmp_path / "run").mkdir()
+    run = Run.create(parse_config(raw), tmp_path / "run" / "a")
+    original = run.method.step
+
+    def crash(ctx, state, t):
+        original(ctx, state, t)
+        raise KeyboardInterrupt
+
+    run.method.step = crash  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        run.execute()
+    saved = yaml.safe_load((tmp_path / "run" / "a" / "config.yaml").read_text())
+    saved["relabel"] = {"scoring": "public"}
+    (tmp_path / "run" / "a" / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(DpsynthError, match="final stages"):
+        Run.resume(tmp_path / "run" / "a").execute()

@@ -280,8 +280,8 @@ class Run:
     def _final_stages(self) -> list[Callable[[_Live, int], dict]]:
         """The stages after the method's iterations, in order: label correction, then resampling (which then
         clusters the corrected labels)."""
-        return ([self._relabel] if self.config.relabel is not None else []) + \
-            ([self._resample] if self.config.resample is not None else [])
+        stage = {"relabel": self._relabel, "resample": self._resample}
+        return [stage[name] for name in self.plan.final_stages()]
 
     def _stage_input(self, live: _Live) -> list[SyntheticSample]:
         """What a final stage starts from: the corrected set once `relabel:` ran, else the method's own."""
@@ -400,7 +400,9 @@ def _changed_fields(before: dict, now: dict) -> str:
     names = {"epsilon": "privacy.epsilon", "delta": "privacy.delta", "adjacency": "privacy.adjacency",
              "federation": "federated (parties, aggregation, min_parties)",
              "releases": "the schedule of releases (iterations, Q, unit of privacy, label proportions ...)",
-             "fixed": "a fixed noise setting (privacy.label_histogram_sigma)"}
-    diff = [names[k] for k in names if before.get(k) != now.get(k)]
+             "fixed": "a fixed noise setting (privacy.label_histogram_sigma)",
+             "final_stages": "the final stages (relabel:, resample:)"}
+    # a checkpoint written before final stages were fingerprinted has no such key: nothing to compare it with
+    diff = [names[k] for k in names if (k in before or k != "final_stages") and before.get(k) != now.get(k)]
     return ", ".join(diff)
 

@@ -118,7 +118,13 @@ class PrivacyPlan:
                 "adjacency": p.adjacency.value,
                 "releases": [[r.name, r.knob, r.sensitivity] for r in self.schedule.releases],
                 "fixed": {k.name: k.value for k in self.schedule.knobs if k.value is not None},
-                "federation": self._federation()}
+                "federation": self._federation(), "final_stages": self.final_stages()}
+
+    def final_stages(self) -> list[str]:
+        """The stages after the method's iterations, in the order the run takes them (the engine numbers them by
+        position, so a resume must find the same list; a public `relabel:` releases nothing yet is a stage)."""
+        return [name for name, section in (("relabel", self.config.relabel), ("resample", self.config.resample))
+                if section is not None]
 
     def _federation(self) -> dict | None:
         fed = self.config.federated
