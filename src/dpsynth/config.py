@@ -185,24 +185,29 @@ class FederatedConfig(Section):
         return self.min_parties or self.parties
 
 
-class ResampleConfig(Section):
+class FinalStageNoise(Section):
+    """The noise of a final stage's one release: a fixed sigma, a share of epsilon, or neither (calibrated)."""
+
+    sigma: float | None = Field(None, gt=0, description="fixed Gaussian noise on the stage's release")
+    share: float | None = Field(None, gt=0, lt=1, description="share of epsilon for the stage's release (default "
+                                "0.2 when another part of the run has noise to calibrate, else the whole budget)")
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> FinalStageNoise:
+        if self.sigma is not None and self.share is not None:
+            raise ValueError("give sigma or share, not both")
+        return self
+
+
+class ResampleConfig(FinalStageNoise):
     """A final DP resampling stage after any method (papers/001, Algorithm 2; `dpsynth.methods.resample`)."""
 
     clusters: PositiveInt = Field(4, description="k-means clusters per label; each private record votes for the "
                                   "nearest of its label's centroids, so bins = clusters x labels")
     target: PositiveInt | None = Field(None, description="samples out (default: as many as the method wrote)")
-    sigma: float | None = Field(None, gt=0, description="fixed Gaussian noise on the cluster histogram")
-    share: float | None = Field(None, gt=0, lt=1, description="share of epsilon for the histogram (default "
-                                   "0.2 when the method has its own noise to calibrate, else the whole budget)")
-
-    @model_validator(mode="after")
-    def _one_noise(self) -> ResampleConfig:
-        if self.sigma is not None and self.share is not None:
-            raise ValueError("give resample.sigma or resample.share, not both")
-        return self
 
 
-class RelabelConfig(Section):
+class RelabelConfig(FinalStageNoise):
     """A final DP label-correction stage after any method (`dpsynth.methods.relabel`): one noisy release of the
     per-label sums of the private records' unit embeddings; samples move to the label whose centroid is nearer."""
 
@@ -214,15 +219,6 @@ class RelabelConfig(Section):
                           "many principal directions of the synthetic embeddings (0: all dimensions)")
     min_z: float = Field(2.0, ge=0, description="a sample moves only when its cosine gap is at least this many "
                          "noise standard deviations of the gap (estimated from the noisy sums; 0: no test)")
-    sigma: float | None = Field(None, gt=0, description="fixed Gaussian noise on the sums")
-    share: float | None = Field(None, gt=0, lt=1, description="share of epsilon for the sums (default 0.2 when "
-                                "another part of the run has noise to calibrate, else the whole budget)")
-
-    @model_validator(mode="after")
-    def _one_noise(self) -> RelabelConfig:
-        if self.sigma is not None and self.share is not None:
-            raise ValueError("give relabel.sigma or relabel.share, not both")
-        return self
 
 
 class RunConfig(BaseModel):

@@ -35,13 +35,13 @@ import numpy as np
 from dpsynth.config import RelabelConfig, RunConfig, records_per_unit
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.generation import SyntheticSample
-from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
+from dpsynth.privacy.schedule import Schedule, final_stage_knob, gaussian_releases
 from dpsynth.privacy.sensitivity import signed_unit_sensitivity
+from dpsynth.voting.scores import unit_rows
 from dpsynth.voting.spec import VoteSpec
 
 RELABEL = "relabel.centroids"
 RELABEL_SIGMA = "relabel_sigma"
-DEFAULT_SHARE = 0.2  # of epsilon, when another part of the run has its own free noise knob
 
 
 def relabel_schedule(config: RunConfig, before: Schedule) -> Schedule:
@@ -51,23 +51,11 @@ def relabel_schedule(config: RunConfig, before: Schedule) -> Schedule:
     if r is None or r.scoring == "public":
         return Schedule((), ())
     sens = signed_unit_sensitivity(config.privacy.adjacency, max_records_per_user=records_per_unit(config))
-    what = "Gaussian noise on the per-label sums of the private records' unit embeddings"
-    if r.sigma is not None:
-        knob = Knob(RELABEL_SIGMA, value=r.sigma, description=f"{what} (relabel.sigma)")
-    elif r.share is not None or any(k.free for k in before.knobs):
-        share = r.share if r.share is not None else DEFAULT_SHARE
-        knob = Knob(RELABEL_SIGMA, share=share, description=f"{what} (relabel.share {share:g} of epsilon)")
-    else:
-        knob = Knob(RELABEL_SIGMA, description=f"{what} (the whole budget)")
+    knob = final_stage_knob(RELABEL_SIGMA, r, before, "relabel",
+                            "Gaussian noise on the per-label sums of the private records' unit embeddings")
     return Schedule(gaussian_releases(RELABEL, [None], RELABEL_SIGMA, sens), (knob,),
                     ("DP label correction: one release of per-label embedding sums; a sample moves to a label whose "
                      "denoised centroid is nearer than its own by more than the margin and min_z noise std",))
-
-
-def _unit_rows(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    norms = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1.0)
 
 
 def synthetic_basis(synthetic: np.ndarray, subspace: int) -> np.ndarray | None:
@@ -75,7 +63,7 @@ def synthetic_basis(synthetic: np.ndarray, subspace: int) -> np.ndarray | None:
     embeddings}; None for `subspace` 0 (no projection). Synthetic text only: post-processing."""
     if subspace <= 0:
         return None
-    x = _unit_rows(synthetic)
+    x = unit_rows(synthetic)
     mean = x.mean(axis=0)
     _, _, vt = np.linalg.svd(x - mean, full_matrices=False)
     basis, _ = np.linalg.qr(np.vstack([mean, vt[:subspace]]).T)  # (dim, subspace + 1)
@@ -95,7 +83,7 @@ def gap_noise(synthetic: np.ndarray, own: Sequence[int] | np.ndarray, centroids:
     of norm |c| so that a unit sample x's cosine to it moves by about sigma |P x| / |c| (P: the denoising
     projection, or the identity), independently for two labels: the gap's std is
     sigma |P x| sqrt(1/|c_own|^2 + 1/|c_c|^2). Linear in the samples, whatever the number of labels."""
-    x = _unit_rows(synthetic)
+    x = unit_rows(synthetic)
     reach = np.linalg.norm(x @ basis, axis=1) if basis is not None else np.ones(len(x))
     norms = np.linalg.norm(np.asarray(centroids, dtype=np.float64), axis=1)
     inv2 = 1.0 / np.where(norms > 0, norms, 1e-12) ** 2
@@ -109,7 +97,7 @@ def corrected_labels(synthetic: np.ndarray, label_ids: Sequence[int] | np.ndarra
     least `min_z` times the gap's noise std; else its own label."""
     own = np.asarray(label_ids, dtype=np.int64)
     rows = np.arange(len(own))
-    scores = _unit_rows(synthetic) @ _unit_rows(centroids).T
+    scores = unit_rows(synthetic) @ unit_rows(centroids).T
     gap = scores - scores[rows, own][:, None]
     needed = np.full_like(gap, margin)
     if noise is not None:

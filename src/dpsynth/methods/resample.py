@@ -28,13 +28,12 @@ import numpy as np
 from dpsynth.config import ResampleConfig, RunConfig, records_per_unit
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.generation import SyntheticSample, split_count
-from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
+from dpsynth.privacy.schedule import Schedule, final_stage_knob, gaussian_releases
 from dpsynth.privacy.sensitivity import pe_top1_sensitivity
 from dpsynth.voting.spec import VoteSpec
 
 RESAMPLE = "resample.histogram"
 RESAMPLE_SIGMA = "resample_sigma"
-DEFAULT_SHARE = 0.2  # of epsilon, when the method has its own free noise knob
 
 
 def resample_schedule(config: RunConfig, method_schedule: Schedule) -> Schedule:
@@ -43,15 +42,7 @@ def resample_schedule(config: RunConfig, method_schedule: Schedule) -> Schedule:
     if r is None:
         return Schedule((), ())
     sens = pe_top1_sensitivity(config.privacy.adjacency, max_records_per_user=records_per_unit(config))
-    if r.sigma is not None:
-        knob = Knob(RESAMPLE_SIGMA, value=r.sigma,
-                    description="Gaussian noise on the cluster histogram (resample.sigma)")
-    elif r.share is not None or any(k.free for k in method_schedule.knobs):
-        share = r.share if r.share is not None else DEFAULT_SHARE
-        knob = Knob(RESAMPLE_SIGMA, share=share, description=f"Gaussian noise on the cluster histogram "
-                    f"(resample.share {share:g} of epsilon)")
-    else:
-        knob = Knob(RESAMPLE_SIGMA, description="Gaussian noise on the cluster histogram (the whole budget)")
+    knob = final_stage_knob(RESAMPLE_SIGMA, r, method_schedule, "resample", "Gaussian noise on the cluster histogram")
     return Schedule(gaussian_releases(RESAMPLE, [None], RESAMPLE_SIGMA, sens), (knob,),
                     (f"DP resampling: k-means into {r.clusters} clusters per label, one noisy histogram "
                      "(papers/001, Algorithm 2)",))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from dpsynth.errors import DpsynthError
 from dpsynth.privacy.accountant import ALL_RECORDS, Adjacency, epsilon_pld
@@ -264,3 +265,25 @@ def _solve_pure(makers: Sequence[EventMaker], names: Sequence[str], epsilon: flo
         else:
             hi = mid
     return hi
+
+
+FINAL_STAGE_SHARE = 0.2  # of epsilon, for a final stage beside another part of the run with its own free knob
+
+
+class StageNoise(Protocol):
+    """A final stage's noise setting (`config.FinalStageNoise`)."""
+
+    sigma: float | None
+    share: float | None
+
+
+def final_stage_knob(name: str, noise: StageNoise, before: Schedule, section: str, what: str) -> Knob:
+    """The noise knob of a final stage's release (`resample:`, `relabel:`): the user's fixed `noise.sigma`, their
+    `noise.share` of epsilon, a default share when the rest of the run (`before`) already has a free knob, or else
+    the whole budget (one free knob per schedule)."""
+    if noise.sigma is not None:
+        return Knob(name, value=noise.sigma, description=f"{what} ({section}.sigma)")
+    if noise.share is not None or any(k.free for k in before.knobs):
+        share = noise.share if noise.share is not None else FINAL_STAGE_SHARE
+        return Knob(name, share=share, description=f"{what} ({section}.share {share:g} of epsilon)")
+    return Knob(name, description=f"{what} (the whole budget)")

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def _unit_rows(x: np.ndarray) -> np.ndarray:
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (zero rows stay zero)."""
     x = np.asarray(x, dtype=np.float64)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.where(norms > 0, norms, 1.0)
@@ -33,7 +34,7 @@ def popri_scores(private: np.ndarray, private_labels: Sequence[int] | np.ndarray
     label (zeros elsewhere). A label with fewer than two candidates gets no score (its vectors are zero)."""
     p_labels = np.asarray(private_labels, dtype=np.int64)
     s_labels = np.asarray(synthetic_labels, dtype=np.int64)
-    p, s = _unit_rows(private), _unit_rows(synthetic)
+    p, s = unit_rows(private), unit_rows(synthetic)
     out = np.zeros(len(s_labels), dtype=np.float64)
     for label in np.unique(p_labels):
         cols = np.flatnonzero(s_labels == label)
@@ -52,7 +53,7 @@ def popri_scores(private: np.ndarray, private_labels: Sequence[int] | np.ndarray
 def embedding_sums(private: np.ndarray, private_labels: Sequence[int] | np.ndarray, labels: int) -> np.ndarray:
     """(labels x dim) flattened: row c is the sum of the unit-normalised embeddings of the records of label c."""
     p_labels = np.asarray(private_labels, dtype=np.int64)
-    p = _unit_rows(private)
+    p = unit_rows(private)
     out = np.zeros((labels, p.shape[1]), dtype=np.float64)
     np.add.at(out, p_labels, p)
     return out.reshape(-1)
@@ -61,7 +62,7 @@ def embedding_sums(private: np.ndarray, private_labels: Sequence[int] | np.ndarr
 def centroid_scores(noisy_sums: np.ndarray, synthetic: np.ndarray, synthetic_labels: Sequence[int] | np.ndarray,
                     labels: int) -> np.ndarray:
     """Post-processing of the released sums: each candidate's cosine to its label's noisy sum."""
-    centroids = _unit_rows(np.asarray(noisy_sums, dtype=np.float64).reshape(labels, -1))
-    s = _unit_rows(synthetic)
+    centroids = unit_rows(np.asarray(noisy_sums, dtype=np.float64).reshape(labels, -1))
+    s = unit_rows(synthetic)
     idx = np.asarray(synthetic_labels, dtype=np.int64)
     return np.einsum("ij,ij->i", s, centroids[idx])
