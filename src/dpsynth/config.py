@@ -234,8 +234,8 @@ class RunConfig(BaseModel):
     resample: ResampleConfig | None = None
     relabel: RelabelConfig | None = None
     embedder: str = Field(DEFAULT_EMBEDDER, min_length=1)
-    device: DeviceSetting = Field("auto", description="where the embedder, the data holder's votes and transformers "
-                                  "sampling run: auto (a CUDA GPU if torch sees one), cpu or cuda")
+    device: DeviceSetting = Field("auto", description="where the embedder, the data holder's votes and DP-SGD, "
+                                  "transformers sampling and DPO run: auto (a CUDA GPU if torch sees one), cpu or cuda")
     seed: int = Field(0, ge=0, description="public seed of the run's requests and splits (numpy needs >= 0)")
     evaluate: bool = True
 

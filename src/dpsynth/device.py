@@ -1,5 +1,5 @@
 """Where torch work runs: one `device:` setting (auto | cpu | cuda) for the embedder, the data holder's votes and
-transformers sampling.
+DP-SGD, transformers sampling and POPri's DPO (benchmarks/device_check.py compares each with its CPU run).
 
 `auto` takes a CUDA GPU when torch sees one and the CPU otherwise; `cuda` without a visible GPU is a one-line
 error before anything runs. torch is imported only when a GPU could be asked for, so `cpu` never loads it.

@@ -100,6 +100,7 @@ def train_adapter(
     checkpoint_dir: Path | None,
     on_step: Callable[[int, float], None] | None = None,
     groups: np.ndarray | None = None,
+    device: str = "cpu",
 ) -> np.ndarray:
     """Train the model's LoRA adapter in place with DP-Adam; returns the trained adapter vector.
 
@@ -107,13 +108,17 @@ def train_adapter(
     one of other settings. `on_step(step, noisy_grad_norm)` is called after each step (1-based,
     after that step's checkpoint, if it is a checkpoint step, is written). `groups`: each example's unit of
     privacy as 0..U-1 (a person with several examples); None: every example is its own unit. The model is
-    returned to its own train/eval mode and free of Opacus hooks, even when a step fails.
+    returned to its own train/eval mode and free of Opacus hooks, even when a step fails. `device` ('cpu' or
+    'cuda'): where the model, the examples, the per-example gradients and the noise generator live; the model is
+    moved there and stays. Seeded noise differs across devices (each has its own generator), the schedule and
+    the accounting do not.
     """
     if len(prompts) != len(texts):
         raise ValueError("prompts and texts differ in length")
     units = np.arange(len(prompts)) if groups is None else np.asarray(groups, dtype=np.int64)
     if len(units) != len(prompts):
         raise ValueError("groups must give one unit per example")
+    model.to(device)
     params = [p for _, p in trainable_parameters(model)]
     if not params:
         raise DpsynthError("the model has no trainable parameters: add a LoRA adapter first")
@@ -123,8 +128,8 @@ def train_adapter(
     if start >= settings.steps:
         return adapter_vector(model)
 
-    encoded = encode_examples(tokenizer, prompts, texts, settings.max_length)
-    noise = torch.Generator()
+    encoded = tuple(t.to(device) for t in encode_examples(tokenizer, prompts, texts, settings.max_length))
+    noise = torch.Generator(device=device)  # Opacus draws the noise on the parameters' device
     was_training = model.training
     gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
     optimizer = DPOptimizer(
@@ -160,7 +165,7 @@ def _dp_step(
     gsm: GradSampleModule,
     optimizer: DPOptimizer,
     params: list[torch.nn.Parameter],
-    encoded: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    encoded: tuple[torch.Tensor, ...],
     batch: np.ndarray,
     batch_units: np.ndarray,
 ) -> float:
@@ -170,9 +175,9 @@ def _dp_step(
         # No forward pass, so no hook sets per-example gradients: an empty set of them lets
         # Opacus clip nothing, add the noise to a zero sum and step.
         for p in params:
-            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype)  # type: ignore[attr-defined]  # Opacus' field
+            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)  # type: ignore[attr-defined]  # Opacus' field
     else:
-        index = torch.from_numpy(batch)
+        index = torch.from_numpy(batch).to(encoded[0].device)
         input_ids, attention_mask, loss_mask = (t[index] for t in encoded)
         width = int(attention_mask.sum(dim=1).max())  # right padding: trim to this batch's longest
         losses = sequence_losses(gsm, input_ids[:, :width], attention_mask[:, :width], loss_mask[:, :width])
@@ -193,11 +198,12 @@ def sum_per_unit(params: list[torch.nn.Parameter], units: np.ndarray) -> None:
     _, row_unit = np.unique(units, return_inverse=True)
     if len(row_unit) == len(np.unique(row_unit)):
         return
-    index = torch.from_numpy(row_unit.astype(np.int64))
     count = int(row_unit.max()) + 1
     for p in params:
         per_example = p.grad_sample  # type: ignore[attr-defined]  # Opacus' per-example gradients
-        summed = torch.zeros((count, *per_example.shape[1:]), dtype=per_example.dtype).index_add_(0, index, per_example)
+        index = torch.from_numpy(row_unit.astype(np.int64)).to(per_example.device)
+        summed = torch.zeros((count, *per_example.shape[1:]), dtype=per_example.dtype,
+                             device=per_example.device).index_add_(0, index, per_example)
         p.grad_sample = summed  # type: ignore[attr-defined]
 
 

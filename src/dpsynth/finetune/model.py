@@ -63,7 +63,7 @@ def adapter_vector(model: torch.nn.Module) -> np.ndarray:
     if not params:
         raise DpsynthError("the model has no trainable parameters: add a LoRA adapter first")
     with torch.no_grad():
-        return torch.cat([p.detach().reshape(-1) for _, p in params]).to(torch.float32).numpy().copy()
+        return torch.cat([p.detach().reshape(-1) for _, p in params]).to(torch.float32).cpu().numpy().copy()
 
 
 def load_adapter_vector(model: torch.nn.Module, vec: np.ndarray) -> None:

@@ -70,10 +70,12 @@ def train_on_preferences(model: Any, tokenizer: Any, pairs: Sequence[PreferenceP
     margin was positive when their batch was met (before its update: no extra forward pass is paid)."""
     if not pairs:
         return {"pairs": 0, "loss": None}
-    generator = torch.Generator().manual_seed(settings.seed)
-    chosen = encode_examples(tokenizer, [p.prompt for p in pairs], [p.chosen for p in pairs], settings.max_length)
-    rejected = encode_examples(tokenizer, [p.prompt for p in pairs], [p.rejected for p in pairs],
-                               settings.max_length)
+    generator = torch.Generator().manual_seed(settings.seed)  # the pair order: on the CPU on every device
+    device = next(model.parameters()).device  # train where the model is (the run's `device:`)
+    chosen = tuple(t.to(device) for t in encode_examples(tokenizer, [p.prompt for p in pairs],
+                                                         [p.chosen for p in pairs], settings.max_length))
+    rejected = tuple(t.to(device) for t in encode_examples(tokenizer, [p.prompt for p in pairs],
+                                                           [p.rejected for p in pairs], settings.max_length))
     ref_c = ref_r = None
     if settings.objective == "dpo":
         with torch.no_grad(), model.disable_adapter():
@@ -92,7 +94,7 @@ def train_on_preferences(model: Any, tokenizer: Any, pairs: Sequence[PreferenceP
         losses, ahead = [], 0
         order = torch.randperm(len(pairs), generator=generator)
         for b in range(batches):
-            idx = order[b * settings.batch_size:(b + 1) * settings.batch_size]
+            idx = order[b * settings.batch_size:(b + 1) * settings.batch_size].to(device)
             if settings.objective == "dpo":
                 assert ref_c is not None and ref_r is not None  # computed above for DPO
                 pc = response_logprobs(model, *(x[idx] for x in chosen))

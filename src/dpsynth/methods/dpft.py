@@ -200,6 +200,7 @@ def adapter_generator(ctx: StepContext, model: Path, adapter: np.ndarray, *, r: 
     """The run's one local PLM with a LoRA adapter merged in, behind the run's request cache (and the inner
     generator, whose `prompt_text` preference training needs). `chat=False`: completion prompts (dpft's
     control codes); popri trains on the chat prompts, so it samples with them."""
+    from dpsynth.device import resolve_device
     from dpsynth.finetune.generator import AdapterGenerator
 
     (name, base), = ctx.generators.items()
@@ -209,6 +210,7 @@ def adapter_generator(ctx: StepContext, model: Path, adapter: np.ndarray, *, r: 
         torch.set_num_threads(threads)
     inner = AdapterGenerator(model, adapter.astype("float32"), r=r, alpha=alpha, name=name, chat=chat,
                              batch_size=32 if chat else 8)
+    inner.to_device(resolve_device(ctx.config.device))  # the run's `device:`, as for the base generators
     return CachedGenerator(inner, base.cache, base.usage), inner
 
 

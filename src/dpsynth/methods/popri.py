@@ -234,6 +234,7 @@ class Popri(Method[PopriOptions, PopriState]):
         if self._policy is None:
             import torch
 
+            from dpsynth.device import resolve_device
             from dpsynth.finetune.model import add_lora, load_adapter_vector, load_base
 
             o = self.options
@@ -243,6 +244,7 @@ class Popri(Method[PopriOptions, PopriState]):
                 model = add_lora(model, o.lora_r, o.lora_alpha)
             if start is not None:
                 load_adapter_vector(model, start)
+            model.to(resolve_device(self.config.device))  # DPO trains where the run's `device:` says
             self._policy = (model, tokenizer)
         return self._policy
 

@@ -169,7 +169,7 @@ class CentralHolder(ReleasingHolder):
                  persons: np.ndarray | None = None, device: str = "cpu", **kw) -> None:
         """`persons`: each record's person (0..P-1) when the unit of privacy is a person (records already
         bounded to k per person); DP-SGD then samples and clips persons, not records. `device`: where the
-        votes are computed ('cuda': torch on the GPU; 'cpu': numpy/BLAS)."""
+        votes are computed ('cuda': torch on the GPU; 'cpu': numpy/BLAS) and where DP-SGD trains."""
         super().__init__(**kw)
         self.__device = device
         self.__private = private
@@ -233,7 +233,7 @@ class CentralHolder(ReleasingHolder):
             report = None if on_step is None else self._step_report(r, value, on_step)
             return train_on_records(request, list(self.__private.texts), list(self.__private.labels),
                                     noise_multiplier=value, seed=seed, work_dir=self.store.work_dir(r.name),
-                                    on_step=report, groups=self.__persons)
+                                    on_step=report, groups=self.__persons, device=self.__device)
 
         adapter = self._release(release, draw)
         self.diagnostics.pop(self.schedule.get(*release).name, None)  # weights are not counts: no signal/noise

@@ -21,9 +21,10 @@ from dpsynth.finetune.request import AdapterTraining
 def train_on_records(request: AdapterTraining, texts: list[str], labels: list[str], *, noise_multiplier: float,
                      seed: int, work_dir: Path | None,
                      on_step: Callable[[int, float], None] | None = None,
-                     groups: np.ndarray | None = None) -> np.ndarray:
+                     groups: np.ndarray | None = None, device: str = "cpu") -> np.ndarray:
     """The LoRA adapter of `request.model` trained with DP-Adam on (control prompt of label, text); `groups`:
-    each record's person, for person-level sampling and clipping."""
+    each record's person, for person-level sampling and clipping; `device`: where DP-SGD runs (the run's
+    `device:` setting, as the holder's votes)."""
     import torch
 
     if request.threads is not None:
@@ -39,5 +40,5 @@ def train_on_records(request: AdapterTraining, texts: list[str], labels: list[st
     # after Ctrl-C never redoes (with fresh secret randomness) a step whose output was already seen
     prompts = [request.prompts[label] for label in labels]
     vector = train_adapter(model, tokenizer, prompts, texts, settings, checkpoint_dir=work_dir, on_step=on_step,
-                          groups=groups)
+                          groups=groups, device=device)
     return np.asarray(vector, dtype=np.float64)
