@@ -139,6 +139,9 @@ def train_adapter(
         expected_batch_size=1,
         loss_reduction="sum",
         generator=noise,
+        # Opacus' defence against floating-point attacks on the noise (Holohan and Braghin 2021, sec. 5.1): each
+        # coordinate's noise is the scaled sum of 4 Gaussian draws, not one; same distribution, same accounting
+        secure_mode=True,
     )
     gsm.train()
     try:
