@@ -10,9 +10,11 @@ is one WASP run (T=5, M private records, K generators with `--concurrency` reque
 empty request cache) in a fresh process, so that its peak resident memory is its own. Per cell it prints:
 - generation time against the latency bound of the generators side by side: per iteration, the largest
   generator's ceil(requests / concurrency) x latency, summed (re-asks counted in their iteration);
-- dpsynth's own time per request: the wall time less generation, embedding, voting and model loading;
+- dpsynth's own time: the wall time less generation, embedding, voting and model loading, per request, and after
+  the table per K its fixed part and its marginal cost per request (the least-squares line over the N's);
 - embedding throughput (synthetic texts / embedding time; the holder embeds the private texts inside its
-  voting time) against the encoder's peak measured in this process on the same kind of texts;
+  voting time) against the encoder's peak measured in this process on the same kind of texts (the server's
+  answers: two joined reviews), with the embedder's own batch size on the same device;
 - voting time, peak resident memory (and bytes per sample over the smallest N), the requests sent;
 and after the largest cell, the request cache's cost per request with its rows (get and put, 1,000 each).
 """
@@ -33,18 +35,26 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
+
+
+def answer_text(texts: list[str], h: int) -> str:
+    """The server's answer for a request whose body hashes to `h`: two real reviews joined."""
+    return f"{texts[h % len(texts)]} {texts[(h // len(texts)) % len(texts)]}"
+
 
 def serve(port_out: mp.Queue, latency: float, texts: list[str]) -> None:
     """The loopback server: every POST waits `latency` s and returns a real text."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             time.sleep(latency)
             h = int.from_bytes(hashlib.sha256(body).digest()[:8], "big")
-            text = f"{texts[h % len(texts)]} {texts[(h // len(texts)) % len(texts)]}"
+            text = answer_text(texts, h)
             answer = json.dumps({
                 "id": "x", "object": "chat.completion", "created": 0, "model": "m",
                 "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
@@ -67,7 +77,8 @@ def serve(port_out: mp.Queue, latency: float, texts: list[str]) -> None:
     srv.serve_forever()
 
 
-def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int) -> dict:
+def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int, *, embedder: str, device: str,
+             noise_seed: int | None) -> dict:
     """One WASP run in this process (called in a child): its metrics and peak memory."""
     from dpsynth.runs.config import parse_config
     from dpsynth.runs.engine import Run
@@ -80,8 +91,11 @@ def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int
         "wasp": {"n": n, "iterations": iterations, "q": 8, "s": 4, "max_tokens": 64},
         "privacy": {"epsilon": 4.0, "delta": 1e-5},
         "evaluate": False,
-        "device": "cpu",
+        "device": device,
+        "embedder": embedder,
     }
+    if noise_seed is not None:
+        raw["privacy"]["noise_seed"] = noise_seed
     with tempfile.TemporaryDirectory() as tmp:
         result = Run.create(parse_config(raw), Path(tmp) / "run").execute()
     metrics = result["metrics"]
@@ -96,11 +110,13 @@ def latency_bound(metrics: dict, concurrency: int, latency: float) -> float:
     return total
 
 
-def encoder_peak(texts: list[str]) -> float:
-    """texts/s of the default encoder on real reviews, batch 64, in this process (after a warm-up)."""
+def encoder_peak(texts: list[str], embedder_name: str, device: str) -> float:
+    """texts/s of the run's encoder on texts like the server's answers, with its own batch size on the run's
+    device, in this process (after a warm-up): the most the run's embedding could reach."""
+    from dpsynth.device import resolve_device
     from dpsynth.embed.sentence import SentenceTransformerEmbedder
 
-    embedder = SentenceTransformerEmbedder()
+    embedder = SentenceTransformerEmbedder(embedder_name, device=resolve_device(device))
     embedder.encode(texts[:64])
     start = time.perf_counter()
     embedder.encode(texts)
@@ -136,11 +152,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--m", type=int, default=1000, help="private records")
     parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--embedder", default="all-MiniLM-L6-v2", help="the runs' embedder (a model name or directory)")
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="the runs' device: setting")
+    parser.add_argument("--noise-seed", type=int, help="seeded numpy noise (NOT FOR RELEASE) instead of OpenDP's exact "
+                        "samplers: voting then leaves out the exact sampler's cost")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # internal: run one cell, print its JSON
     args = parser.parse_args()
     if args.cell:
         n, k, url = args.cell.split(",")
-        print("CELL " + json.dumps(run_cell(int(n), int(k), url, args.concurrency, args.m, args.iterations)))
+        print("CELL " + json.dumps(run_cell(int(n), int(k), url, args.concurrency, args.m, args.iterations,
+                                            embedder=args.embedder, device=args.device, noise_seed=args.noise_seed)))
         return
 
     from dpsynth.data.corpora import get_corpus
@@ -150,14 +171,22 @@ def main() -> None:
     server = mp.Process(target=serve, args=(port, args.latency, texts), daemon=True)
     server.start()
     url = f"http://127.0.0.1:{port.get(timeout=30)}/v1"
-    peak = encoder_peak(texts[:2000])
+    from dpsynth.device import resolve_device
+
+    # enough texts for the peak to be the encoder's, not its start-up: a GPU needs many more than a CPU
+    sample = 20_000 if resolve_device(args.device) == "cuda" else 2_000
+    like_answers = [answer_text(texts, int.from_bytes(hashlib.sha256(str(i).encode()).digest()[:8], "big"))
+                    for i in range(sample)]
+    peak = encoder_peak(like_answers, args.embedder, args.device)
     print(f"server {url}: latency {args.latency} s, {args.concurrency} requests in flight per generator; "
-          f"encoder peak {peak:.0f} texts/s (MiniLM, batch 64, this machine now)")
+          f"encoder peak {peak:.0f} texts/s ({args.embedder} on {args.device}, texts like the answers, this machine)"
+          + ("; seeded numpy noise" if args.noise_seed is not None else "; OpenDP's exact noise"))
     print("| K | N | requests | generation s | / latency bound | own ms/request | embedding texts/s | / peak "
           "| voting s | wall s | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     cache_root = Path(tempfile.mkdtemp(prefix="api-scale-"))
     rss: dict[int, dict[int, int]] = {}
+    own_s: dict[int, dict[int, tuple[int, float]]] = {}  # K -> N -> (requests, own seconds)
     last_cache = None
     for k in args.k:
         for n in args.n:
@@ -168,8 +197,11 @@ def main() -> None:
                 if (shared / name).exists():
                     os.symlink(shared / name, cache / name)
             env = {**os.environ, "DPSYNTH_CACHE": str(cache), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
-            done = subprocess.run([sys.executable, __file__, "--cell", f"{n},{k},{url}", "--concurrency",
-                                   str(args.concurrency), "--m", str(args.m), "--iterations", str(args.iterations)],
+            cell_args = ["--concurrency", str(args.concurrency), "--m", str(args.m), "--iterations",
+                         str(args.iterations), "--embedder", args.embedder, "--device", args.device]
+            if args.noise_seed is not None:
+                cell_args += ["--noise-seed", str(args.noise_seed)]
+            done = subprocess.run([sys.executable, __file__, "--cell", f"{n},{k},{url}", *cell_args],
                                   capture_output=True, text=True, env={k_: v for k_, v in env.items() if v})
             line = next((x for x in done.stdout.splitlines() if x.startswith("CELL ")), None)
             if done.returncode != 0 or line is None:
@@ -184,11 +216,18 @@ def main() -> None:
             own = t["wall"] - t.get("generation", 0.0) - embed_s - t.get("voting", 0.0) - t.get("load_models", 0.0)
             throughput = samples / embed_s if embed_s else float("nan")  # the holder's private texts are in voting
             rss.setdefault(k, {})[n] = cell["peak_rss_bytes"]
+            own_s.setdefault(k, {})[n] = (requests, own)
             generation, voting = t.get("generation", 0.0), t.get("voting", 0.0)
             print(f"| {k} | {n} | {requests} | {generation:.1f} | {generation / bound:.2f}x "
                   f"| {own / requests * 1e3:.2f} | {throughput:.0f} | {throughput / peak:.2f} | {voting:.1f} "
                   f"| {t['wall']:.1f} | {cell['peak_rss_bytes'] / 2**20:.0f} |")
             last_cache = cache / "requests.sqlite"
+    for k, by_n_own in own_s.items():
+        if len(by_n_own) > 1:
+            reqs, secs = (np.array(v, dtype=float) for v in zip(*by_n_own.values()))
+            slope, fixed = np.polyfit(reqs, secs, 1)
+            print(f"K={k}: own time = {fixed:.2f} s fixed + {slope * 1e3:.3f} ms per request (least squares over "
+                  f"N={', '.join(map(str, by_n_own))})")
     for k, by_n in rss.items():
         if len(by_n) > 1:
             small, large = min(by_n), max(by_n)

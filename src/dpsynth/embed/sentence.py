@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -35,7 +36,8 @@ class Embedder(Protocol):
 class SentenceTransformerEmbedder:
     def __init__(self, model: str = DEFAULT_EMBEDDER, batch_size: int | None = None, device: str = "cpu") -> None:
         """`device`: 'cpu' or 'cuda' (resolved by dpsynth.device). On a GPU the encoder runs in fp16 with larger
-        batches (embeddings agree with fp32 to about 1e-3 in cosine, far below what votes resolve)."""
+        batches (embeddings agree with fp32 to about 1e-6 in cosine on an H200: benchmarks/device_check.py); on the
+        CPU in fp32, whatever precision the checkpoint was saved in."""
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as err:
@@ -46,6 +48,8 @@ class SentenceTransformerEmbedder:
         self._model = SentenceTransformer(resolve_model_path(model), device=device)
         if device == "cuda":
             self._model.half()
+        else:  # a checkpoint saved in fp16 would otherwise run in fp16 on the CPU: slower, and not what votes assume
+            self._model.float()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -152,17 +156,26 @@ class CachedEmbedder:
 
 
 class LazyEmbedder:
-    """Loads its sentence-transformers model on first use, so cheap checks run before a slow load."""
+    """Loads its sentence-transformers model on first use, so cheap checks run before a slow load.
 
-    def __init__(self, model: str = DEFAULT_EMBEDDER, device: str = "cpu") -> None:
+    `on_load(seconds)` is told how long that load took (a GPU's start included), so that a run can count it as
+    model loading rather than as the embedding or voting step that happened to trigger it."""
+
+    def __init__(self, model: str = DEFAULT_EMBEDDER, device: str = "cpu",
+                 on_load: Callable[[float], None] | None = None) -> None:
         self.name = model
         self.device = device
+        self._on_load = on_load
         self._inner: SentenceTransformerEmbedder | None = None
 
     @property
     def loaded(self) -> SentenceTransformerEmbedder:
         if self._inner is None:
+            start = time.perf_counter()
             self._inner = SentenceTransformerEmbedder(self.name, device=self.device)
+            self._inner.encode(["warm-up"])  # a GPU's kernels and allocator start here, not in the first step
+            if self._on_load is not None:
+                self._on_load(time.perf_counter() - start)
         return self._inner
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:

@@ -192,7 +192,9 @@ class Run:
                 usage[name] = Usage(**u)
         t0 = time.perf_counter()
         # loads at its first use, after the cheap checks below
-        embedder = LazyEmbedder(cfg.embedder, device=resolve_device(cfg.device))
+        # its load is model loading, not the embedding or voting step whose first call triggers it
+        embedder = LazyEmbedder(cfg.embedder, device=resolve_device(cfg.device),
+                                on_load=lambda seconds: _add_load_time(timings, seconds))
         holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, task=task, embedder=embedder,
                               given=self._given)
         generators = build_generators(cfg, usage)  # a bad model file or key fails before any model loads
@@ -406,3 +408,8 @@ def _changed_fields(before: dict, now: dict) -> str:
     diff = [names[k] for k in names if (k in before or k != "final_stages") and before.get(k) != now.get(k)]
     return ", ".join(diff)
 
+
+def _add_load_time(timings: dict[str, float], seconds: float) -> None:
+    """Count a lazily loaded model's load as `load_models`; the step that triggered it subtracts it
+    (`StepContext.timed_without_loads`)."""
+    timings["load_models"] = timings.get("load_models", 0.0) + seconds
