@@ -1,0 +1,124 @@
+"""Validation of `relabel:` rules on the train split only (never the test split the bench scores).
+
+For each dataset: 1,000 train records are the validation set, the private sets (M=100 and M=1,000, seeds 10-14)
+are drawn from the rest, the noise of the one release is seeded 100-104, and the synthetic sets are the five
+zero-shot sets of the relabel bench (`bench/relabel-<ds>/cells/zero-shot-all-epsNone-seed<0-4>`). Each rule
+relabels them; a logistic-regression probe (the bench's) trained on each set is scored on the validation set.
+Prints the mean macro-F1 change against the asked-for labels, per dataset and M.
+
+    .venv/bin/python scripts/relabel_validation.py [--bench bench] [--rules ambient projected]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from dpsynth.data.corpora import get_corpus, sample_private, split
+from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
+from dpsynth.evaluate.downstream import probe_scores
+from dpsynth.methods.relabel import corrected_labels, denoise_in_synthetic_span, gap_noise, synthetic_basis
+from dpsynth.voting.scores import embedding_sums, unit_rows
+
+SIGMA = 1.081  # eps=4, delta 1e-5, one release of sensitivity 1 (the bench's)
+DATASETS = {"rt": "rotten_tomatoes", "trec": "trec", "sms": "sms_spam"}
+Rule = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, np.random.Generator], np.ndarray]
+
+
+def projected_centroids(private: np.ndarray, private_labels: np.ndarray, labels: int, synthetic: np.ndarray,
+                        subspace: int) -> tuple[np.ndarray, np.ndarray]:
+    """A candidate release (not in the stage: see docs/relabel.md): each record's unit embedding centred on the
+    synthetic mean, projected onto the synthetic set's top-`subspace` principal directions (public) and
+    renormalised, summed per label (still sensitivity 1); returns those clean sums and the synthetic samples in
+    the same frame."""
+    x = unit_rows(synthetic)
+    centre = x.mean(axis=0)
+    directions = np.linalg.svd(x - centre, full_matrices=False)[2][:subspace]
+
+    def frame(e: np.ndarray) -> np.ndarray:
+        return unit_rows((unit_rows(e) - centre) @ directions.T)
+
+    return embedding_sums(frame(private), private_labels, labels).reshape(labels, -1), frame(synthetic)
+
+
+def ambient(synth: np.ndarray, own: np.ndarray, private: np.ndarray, p_labels: np.ndarray, n_labels: int,
+            rng: np.random.Generator, *, subspace: int = 16, margin: float = 0.05, min_z: float = 2.0) -> np.ndarray:
+    """The stage's default: noisy sums of the unit embeddings in 384 dimensions, denoised in the synthetic span."""
+    sums = embedding_sums(private, p_labels, n_labels).reshape(n_labels, -1)
+    noisy = sums + rng.normal(0.0, SIGMA, sums.shape)
+    basis = synthetic_basis(synth, subspace)
+    centroids = denoise_in_synthetic_span(noisy, basis)
+    return corrected_labels(synth, own, centroids, margin, gap_noise(synth, own, centroids, SIGMA, basis), min_z)
+
+
+def projected(synth: np.ndarray, own: np.ndarray, private: np.ndarray, p_labels: np.ndarray, n_labels: int,
+              rng: np.random.Generator, *, subspace: int = 16, margin: float = 0.05, min_z: float = 2.0) -> np.ndarray:
+    """Project, centre and normalise each record in the synthetic set's principal subspace before the sums."""
+    sums, synth_z = projected_centroids(private, p_labels, n_labels, synth, subspace)
+    noisy = sums + rng.normal(0.0, SIGMA, sums.shape)
+    noise = gap_noise(synth_z, own, noisy, SIGMA, None)
+    return corrected_labels(synth_z, own, noisy, margin, noise, min_z)
+
+
+def public(synth: np.ndarray, own: np.ndarray, private: np.ndarray, p_labels: np.ndarray, n_labels: int,
+           rng: np.random.Generator, *, descriptions: np.ndarray, subspace: int = 16,
+           margin: float = 0.05) -> np.ndarray:
+    """The no-private-data control: the public label descriptions' embeddings as centroids, no noise test."""
+    basis = synthetic_basis(synth, subspace)
+    return corrected_labels(synth, own, denoise_in_synthetic_span(descriptions, basis), margin)
+
+
+RULES: dict[str, Rule] = {
+    "ambient": ambient,
+    "projected": projected,
+    "projected-k8": lambda *a: projected(*a, subspace=8),
+    "projected-k32": lambda *a: projected(*a, subspace=32),
+    "projected-z3": lambda *a: projected(*a, min_z=3.0),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bench", type=Path, default=Path("bench"))
+    parser.add_argument("--rules", nargs="+", default=["ambient", "projected"], choices=[*RULES, "public"])
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    args = parser.parse_args()
+    embedder = CachedEmbedder(SentenceTransformerEmbedder(), Path(tempfile.gettempdir()) / "relabel-validation.sqlite")
+    print("| dataset | M | " + " | ".join(args.rules) + " |  (macro-F1 change of the probe, mean of 5)")
+    for short in args.datasets:
+        data = get_corpus(DATASETS[short]).load()
+        train = split(data).train
+        order = np.random.default_rng(7).permutation(len(train))
+        val, pool = train.subset(order[:1000]), train.subset(order[1000:])
+        names = sorted(set(train.labels))
+        task = get_corpus(DATASETS[short]).task
+        descriptions = embedder.encode([f"{task.text_kind} ({c}: {task.labels[c]})" for c in names])
+        RULES["public"] = lambda *a, d=descriptions: public(*a, descriptions=d)
+        val_emb = embedder.encode(list(val.texts))
+        sets = []
+        for seed in range(5):
+            path = args.bench / f"relabel-{short}" / "cells" / f"zero-shot-all-epsNone-seed{seed}" / "synthetic.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            sets.append((embedder.encode([r["text"] for r in rows]), np.array([names.index(r["label"]) for r in rows])))
+        for m in (100, 1000):
+            gains: dict[str, list[float]] = {r: [] for r in args.rules}
+            for s, (synth, own) in enumerate(sets):
+                private = sample_private(pool, m, seed=10 + s)
+                p_emb = unit_rows(embedder.encode(list(private.texts)))
+                p_labels = np.array([names.index(y) for y in private.labels])
+                base = probe_scores(synth, [names[i] for i in own], val_emb, list(val.labels))["macro_f1"]
+                for rule in args.rules:
+                    new = RULES[rule](synth, own, p_emb, p_labels, len(names), np.random.default_rng(100 + s))
+                    score = probe_scores(synth, [names[i] for i in new], val_emb, list(val.labels))["macro_f1"]
+                    gains[rule].append(100 * (score - base))
+            print(f"| {short} | {m} | " + " | ".join(f"{np.mean(gains[r]):+.1f}" for r in args.rules) + " |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
