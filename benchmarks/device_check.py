@@ -9,6 +9,7 @@ For each path: do the two devices agree, and how long does each take (ratio CPU 
 - DP-SGD: `train_adapter` (Opacus, LoRA), without noise and with it, and person-level (3 records a person);
   agreement = the relative L2 difference of the two adapters' updates without noise (with noise the draws differ
   by construction: each device has its own generator);
+- DP-SGD resumed on the CPU from a checkpoint written on the device: agreement with an uninterrupted CPU run;
 - DPO: `train_on_preferences`; agreement = the difference of the last epoch's mean loss.
 The causal LM is a small random-weight Llama with the embedder's tokenizer: a real PLM's weights do not travel to a
 lent GPU machine (no hub there). What it checks is the device plumbing and the kernels, not sample quality.
@@ -156,6 +157,40 @@ def check_dp_sgd(model_dir: str, device: str, records: int, steps: int) -> dict:
             "device_noisy_s_per_step": t_noisy / steps, "speedup": t_cpu / t_dev}
 
 
+class _Stop(Exception):
+    pass
+
+
+def check_resume_across_devices(model_dir: str, device: str, records: int) -> dict:
+    """DP-SGD interrupted on the device after its step-2 checkpoint, resumed on the CPU: the same adapter as an
+    uninterrupted CPU run (no noise), so a checkpoint written on a GPU is readable anywhere."""
+    _, tok = load_causal_lm(model_dir)
+    texts = pseudo_texts(tok, records, seed=9)
+    prompts = ["text (a: first kind):\n"] * records
+    settings = TrainSettings(steps=4, sampling_rate=0.25, noise_multiplier=0.0, clip_norm=1.0, learning_rate=1e-3,
+                             max_length=64, seed=5, checkpoint_every=2)
+
+    def stop_at_three(step: int, _: float) -> None:
+        if step == 3:
+            raise _Stop
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tok = _adapter_model(model_dir)
+        start = adapter_vector(model)
+        whole = train_adapter(model, tok, prompts, texts, settings, checkpoint_dir=None)
+        model, tok = _adapter_model(model_dir)
+        try:
+            train_adapter(model, tok, prompts, texts, settings, checkpoint_dir=Path(tmp), on_step=stop_at_three,
+                          device=device)
+        except _Stop:
+            pass
+        model, tok = _adapter_model(model_dir)
+        resumed = train_adapter(model, tok, prompts, texts, settings, checkpoint_dir=Path(tmp))
+    rel = float(np.linalg.norm((resumed - start) - (whole - start)) / max(np.linalg.norm(whole - start), 1e-12))
+    return {"agreement": rel, "ok": bool(rel <= TOLERANCE["dp_sgd"] and np.linalg.norm(whole - start) > 0),
+            "records": records, "speedup": 1.0}
+
+
 def check_dpo(model_dir: str, device: str, pairs: int) -> dict:
     _, tok = load_causal_lm(model_dir)
     chosen, rejected = pseudo_texts(tok, pairs, seed=6), pseudo_texts(tok, pairs, seed=7)
@@ -181,7 +216,7 @@ def run_checks(device: str, embedder: str, small: bool) -> dict[str, dict]:
               "pairs": 128})
     path = resolve_model_path(embedder)
     results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, torch.random.fork_rng(devices=[]):  # leave the caller's RNG as is
         lm = tiny_causal_lm(path, Path(tmp) / "tiny-llama")
         results["embedder"] = check_embedder(path, device, sizes["texts"])
         results["votes"] = check_votes(device, sizes["m"], sizes["n"])
@@ -189,6 +224,7 @@ def run_checks(device: str, embedder: str, small: bool) -> dict[str, dict]:
             results["votes_large"] = check_votes(device, 4 * sizes["m"], 4 * sizes["n"])
         results["sampling"] = check_sampling(lm, device, sizes["requests"], sizes["tokens"])
         results["dp_sgd"] = check_dp_sgd(lm, device, sizes["records"], sizes["steps"])
+        results["dp_sgd_resume"] = check_resume_across_devices(lm, device, sizes["records"])
         results["dpo"] = check_dpo(lm, device, sizes["pairs"])
     return results
 

@@ -17,6 +17,6 @@ def test_every_device_path_agrees_with_itself_on_the_cpu() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     results = module.run_checks("cpu", DEFAULT_EMBEDDER, small=True)
-    assert set(results) == {"embedder", "votes", "sampling", "dp_sgd", "dpo"}
+    assert set(results) == {"embedder", "votes", "sampling", "dp_sgd", "dp_sgd_resume", "dpo"}
     assert all(r["ok"] for r in results.values()), results
     assert results["dp_sgd"]["update_norm"] > 0 and results["sampling"]["chars"] > 0

@@ -203,15 +203,26 @@ def test_empty_batches_still_add_noise(fresh: tuple[Any, Any, np.ndarray]) -> No
 
 
 @pytest.mark.slow
-def test_the_noise_keeps_its_scale_in_opacus_secure_mode(fresh: tuple[Any, Any, np.ndarray]) -> None:
+def test_the_noise_keeps_its_scale_in_opacus_secure_mode(fresh: tuple[Any, Any, np.ndarray], monkeypatch) -> None:
     """secure_mode sums 4 Gaussian draws per coordinate (the floating-point defence) and rescales: on an empty
     batch the gradient is the noise alone, so its norm is sigma * clip * sqrt(d) (d about 1.6e5 here)."""
+    import opacus.optimizers.optimizer as opacus_optimizer
+
     model, tok, init = fresh
     cfg = settings(steps=1, sampling_rate=1e-9, noise_multiplier=2.0, clip_norm=0.5)
+    modes: list[bool] = []
+    draw = opacus_optimizer._generate_noise
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        modes.append(kwargs.get("secure_mode", False))
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(opacus_optimizer, "_generate_noise", spy)
     norms: list[float] = []
     train_adapter(model, tok, [PROMPT] * 8, TEXTS, cfg, checkpoint_dir=None, on_step=lambda _, n: norms.append(n))
     expected = cfg.noise_multiplier * cfg.clip_norm * np.sqrt(init.size)
     assert norms and abs(norms[0] / expected - 1) < 0.02
+    assert modes and all(modes)  # every parameter's noise drawn in secure mode
 
 
 class Interrupted(Exception):

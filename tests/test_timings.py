@@ -20,18 +20,26 @@ def test_the_lazy_embedder_reports_its_one_load() -> None:
     assert len(loads) == 1 and loads[0] > 0 and first.shape == (1, 384)
 
 
-def test_embedding_time_leaves_out_a_load_that_happened_during_it(monkeypatch) -> None:
+def test_every_timed_step_leaves_out_a_load_that_began_during_it(monkeypatch) -> None:
     timings: dict[str, float] = {"load_models": 1.0}
+    loads: list[tuple[float, float]] = []
     clock = [100.0]
     monkeypatch.setattr(base.time, "perf_counter", lambda: clock[0])
 
     def embed(texts: list[str]) -> np.ndarray:
-        clock[0] += 2.0  # the load, reported as the engine's on_load does
-        timings["load_models"] += 2.0
+        if not loads:  # the first use loads the model, reported as the engine's on_load does
+            loads.append((clock[0], 2.0))
+            timings["load_models"] += 2.0
+            clock[0] += 2.0
         clock[0] += 0.5  # the embedding itself
         return np.zeros((len(texts), 4))
 
     ctx = StepContext(config=None, task=None, label_shares={}, generators={}, holder=None,  # type: ignore[arg-type]
-                      embed=embed, timings=timings)
-    ctx.embed_synthetic([SyntheticSample(0, "a text", "a", "plm", 0)])
-    assert timings["embedding"] == 0.5 and timings["load_models"] == 3.0
+                      embed=embed, timings=timings, loads=loads)
+    t0 = clock[0]
+    ctx.embed_synthetic([SyntheticSample(0, "a text", "a", "plm", 0)])  # loads, inside an evaluation window
+    ctx.embed_synthetic([SyntheticSample(1, "another", "a", "plm", 0)])
+    clock[0] += 1.0
+    ctx.add_time("evaluation", t0)
+    assert timings["embedding"] == 1.0 and timings["load_models"] == 3.0
+    assert timings["evaluation"] == 2.0  # 0.5 + 0.5 + 1.0: the load is in neither

@@ -172,8 +172,9 @@ class LazyEmbedder:
     def loaded(self) -> SentenceTransformerEmbedder:
         if self._inner is None:
             start = time.perf_counter()
-            self._inner = SentenceTransformerEmbedder(self.name, device=self.device)
-            self._inner.encode(["warm-up"])  # a GPU's kernels and allocator start here, not in the first step
+            inner = SentenceTransformerEmbedder(self.name, device=self.device)
+            inner.encode(["warm-up"])  # a GPU's kernels and allocator start here, not in the first step
+            self._inner = inner  # only once it works: a failed start is retried, not half kept
             if self._on_load is not None:
                 self._on_load(time.perf_counter() - start)
         return self._inner

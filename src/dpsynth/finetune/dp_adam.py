@@ -150,7 +150,7 @@ def train_adapter(
                                     settings.seed, step)
             batch = np.flatnonzero(np.isin(units, sampled))
             noise.manual_seed(_stream_seed(settings.seed, step, _NOISE))
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=_cuda_index(device)):  # the secret seed leaves no RNG seeded
                 torch.manual_seed(_stream_seed(settings.seed, step, _DROPOUT))
                 grad_norm = _dp_step(gsm, optimizer, params, encoded, batch, units[batch])
             done = step + 1
@@ -222,6 +222,12 @@ def _unwrap(gsm: GradSampleModule, optimizer: DPOptimizer) -> None:
             del module.activations
 
 
+def _cuda_index(device: str) -> list[int]:
+    """The CUDA device `fork_rng` must also save and restore (torch.manual_seed seeds it too); none on a CPU."""
+    d = torch.device(device)
+    return [d.index if d.index is not None else torch.cuda.current_device()] if d.type == "cuda" else []
+
+
 def _stream_seed(seed: int, step: int, stream: int) -> int:
     return int(np.random.SeedSequence([seed, step, stream]).generate_state(1, np.uint64)[0])
 
@@ -242,7 +248,9 @@ def _save(path: Path, settings: TrainSettings, model: torch.nn.Module, adam: tor
 def _restore(path: Path, settings: TrainSettings, model: torch.nn.Module, adam: torch.optim.Optimizer) -> int:
     """Load a checkpoint of these settings into the model and Adam; returns the number of steps it holds."""
     try:
-        state = torch.load(path, weights_only=True)
+        # on the CPU whatever device wrote it: Adam's load_state_dict moves its moments to the parameters' device,
+        # so a run trained on a GPU resumes on a CPU (and back) without redoing a shown step
+        state = torch.load(path, weights_only=True, map_location="cpu")
     except (OSError, RuntimeError) as err:
         raise DpsynthError(f"cannot read training checkpoint {path}: {str(err).splitlines()[0]}") from err
     if state.get("settings") != settings.fingerprint():

@@ -93,9 +93,13 @@ class StepContext:
     timings: dict[str, float] = field(default_factory=dict)
     files: Path | None = None  # the method's own files (post-processing of releases only), kept with checkpoints
     knobs: dict[str, float] = field(default_factory=dict)  # the calibrated noise values (public, as in plan.json)
+    loads: list[tuple[float, float]] = field(default_factory=list)  # (start, seconds) of lazy model loads
 
     def add_time(self, key: str, since: float) -> None:
-        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - since
+        """Add the time since `since` to `key`, less the lazy loads that began meanwhile (`loads`: the engine
+        counts those as `load_models`), so that embedding, voting or evaluation time measures that work only."""
+        loaded = sum(seconds for start, seconds in self.loads if start >= since)
+        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - since - loaded
 
     def phase(self, what: str, done: int) -> None:
         if self.progress is not None:
@@ -107,16 +111,10 @@ class StepContext:
         report = self.progress
         return lambda plm, done, total: report(f"iteration {t}: {plm}", done, total)
 
-    def timed_without_loads(self, key: str, since: float, loads_before: float) -> None:
-        """`add_time`, less any model load that happened meanwhile (the lazy embedder's, counted as
-        `load_models` when it loads): embedding and voting time then measure embedding and voting."""
-        loaded = self.timings.get("load_models", 0.0) - loads_before
-        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - since - loaded
-
     def embed_synthetic(self, samples: list[SyntheticSample]) -> np.ndarray:
-        t0, loads = time.perf_counter(), self.timings.get("load_models", 0.0)
+        t0 = time.perf_counter()
         out = self.embed([x.text for x in samples])
-        self.timed_without_loads("embedding", t0, loads)
+        self.add_time("embedding", t0)
         return out
 
     def noisy_votes_on(self, samples: list[SyntheticSample], spec: VoteSpec, release: tuple[str, int | None],
@@ -125,9 +123,9 @@ class StepContext:
         release's noisy votes on them (timed as voting, which metrics.json leaves out), report the phase."""
         self.phase(phase, 0)
         emb = self.embed_synthetic(samples)
-        t0, loads = time.perf_counter(), self.timings.get("load_models", 0.0)
+        t0 = time.perf_counter()
         noisy = self.holder.noisy_votes(spec, emb, self.label_ids(samples), release=release)
-        self.timed_without_loads("voting", t0, loads)
+        self.add_time("voting", t0)
         self.phase(phase, 1)
         return noisy
 

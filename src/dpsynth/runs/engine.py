@@ -192,9 +192,10 @@ class Run:
                 usage[name] = Usage(**u)
         t0 = time.perf_counter()
         # loads at its first use, after the cheap checks below
-        # its load is model loading, not the embedding or voting step whose first call triggers it
+        # its load is model loading, not the embedding, voting or evaluation step whose first call triggers it
+        loads: list[tuple[float, float]] = []
         embedder = LazyEmbedder(cfg.embedder, device=resolve_device(cfg.device),
-                                on_load=lambda seconds: _add_load_time(timings, seconds))
+                                on_load=lambda seconds: _count_load(timings, loads, seconds))
         holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, task=task, embedder=embedder,
                               given=self._given)
         generators = build_generators(cfg, usage)  # a bad model file or key fails before any model loads
@@ -205,7 +206,7 @@ class Run:
         synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
         ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
                           holder=HolderRequests(requests), embed=synth.encode, progress=self.progress, timings=timings,
-                          files=self.dir.method_files, knobs=dict(knobs))
+                          files=self.dir.method_files, knobs=dict(knobs), loads=loads)
         ctx.add_time("load_models", t0)
         return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg))
 
@@ -409,7 +410,8 @@ def _changed_fields(before: dict, now: dict) -> str:
     return ", ".join(diff)
 
 
-def _add_load_time(timings: dict[str, float], seconds: float) -> None:
-    """Count a lazily loaded model's load as `load_models`; the step that triggered it subtracts it
-    (`StepContext.timed_without_loads`)."""
+def _count_load(timings: dict[str, float], loads: list[tuple[float, float]], seconds: float) -> None:
+    """Count a lazily loaded model's load as `load_models` and note when it began, so that the step timed
+    around it leaves it out (`StepContext.add_time`)."""
     timings["load_models"] = timings.get("load_models", 0.0) + seconds
+    loads.append((time.perf_counter() - seconds, seconds))
