@@ -23,8 +23,9 @@ from pathlib import Path
 
 from dpsynth.errors import DpsynthError
 from dpsynth.privacy.accountant import Adjacency
-from dpsynth.privacy.events import GaussianEvent, PrivacyEvent, SubsampledGaussianEvent
+from dpsynth.privacy.events import GaussianEvent, PrivacyEvent
 from dpsynth.privacy.ledger import Assumptions, PrivacyLedger
+from dpsynth.privacy.schedule import dp_sgd_events
 from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.voting.spec import VoteSpec
 
@@ -74,8 +75,7 @@ class PartyLedger:
         def event(name: str) -> PrivacyEvent | None:
             if noise_multiplier <= 0:
                 return None
-            return SubsampledGaussianEvent(name=name, count=steps, sampling_rate=sampling_rate,
-                                           noise_multiplier=noise_multiplier)
+            return dp_sgd_events(steps, sampling_rate)(name, noise_multiplier)
 
         self._charge(f"{release}/round{round_index}", event)
 

@@ -39,8 +39,7 @@ from dpsynth.methods.generation import (
     request_seed,
 )
 from dpsynth.methods.registry import register
-from dpsynth.privacy.events import PrivacyEvent, SubsampledGaussianEvent
-from dpsynth.privacy.schedule import Knob, Release, Schedule
+from dpsynth.privacy.schedule import Knob, Release, Schedule, dp_sgd_events
 
 NOISE_MULTIPLIER = "noise_multiplier"
 LOCAL_KINDS = ("llama_cpp", "transformers")
@@ -98,11 +97,7 @@ class Dpft(Method[DpftOptions, DpftState]):
     def schedule(self) -> Schedule:
         o = self.options
 
-        def make(name: str, z: float) -> PrivacyEvent:
-            return SubsampledGaussianEvent(name=name, count=o.steps, sampling_rate=o.sampling_rate,
-                                           noise_multiplier=z)
-
-        release = Release("dpft.training", None, NOISE_MULTIPLIER, make, 1.0)
+        release = Release("dpft.training", None, NOISE_MULTIPLIER, dp_sgd_events(o.steps, o.sampling_rate), 1.0)
         return Schedule((release,), (Knob(NOISE_MULTIPLIER, guess=1.0, description=(
             f"DP-Adam noise multiplier (sigma / clip norm) over {o.steps} Poisson-subsampled steps at rate "
             f"{o.sampling_rate:g}")),),

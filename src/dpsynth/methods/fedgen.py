@@ -36,8 +36,8 @@ from dpsynth.methods.base import LABEL_SIGMA, LABELS_RELEASE, Method, MethodStat
 from dpsynth.methods.dpft import LOCAL_KINDS, local_gguf_path, sample_from_adapter, train_adapter_once
 from dpsynth.methods.generation import SyntheticSample, request_seed
 from dpsynth.methods.registry import register
-from dpsynth.privacy.events import GaussianEvent, PrivacyEvent, SubsampledGaussianEvent
-from dpsynth.privacy.schedule import Knob, Release, Schedule, gaussian_releases
+from dpsynth.privacy.events import GaussianEvent, PrivacyEvent
+from dpsynth.privacy.schedule import Knob, Release, Schedule, dp_sgd_events, gaussian_releases
 from dpsynth.privacy.sensitivity import histogram_sensitivity, knn_votes_sensitivity
 from dpsynth.voting.spec import VoteSpec
 
@@ -150,9 +150,7 @@ class Fedgen(Method[FedgenOptions, FedgenState]):
     def schedule(self) -> Schedule:
         o, adjacency = self.options, self.config.privacy.adjacency
 
-        def training(name: str, z: float) -> PrivacyEvent:
-            return SubsampledGaussianEvent(name=name, count=o.rounds * o.local_steps, sampling_rate=o.sampling_rate,
-                                           noise_multiplier=z, scope=STRONG)
+        training = dp_sgd_events(o.rounds * o.local_steps, o.sampling_rate, scope=STRONG)
 
         vote_sens = knn_votes_sensitivity(o.k, adjacency, normalized=False)
 

@@ -228,6 +228,21 @@ def subsampled_gaussian_events(sampling_rate: float, sensitivity: float) -> Even
     return make
 
 
+def dp_sgd_events(steps: int, sampling_rate: float, scope: str = ALL_RECORDS) -> EventMaker:
+    """`steps` Poisson-subsampled DP-SGD steps with noise multiplier `z` (the knob: sigma / clip norm). Each unit's
+    (record's or person's) summed gradient is clipped to the clip norm, so the clip norm is the per-unit bound and
+    the multiplier is the noise in its units; the PLD applies the adjacency itself. The one derivation of a
+    training release's event: the central holder's runs (dpft), fedgen's strong parties and each party's own
+    ledger use it."""
+    from dpsynth.privacy.events import SubsampledGaussianEvent
+
+    def make(name: str, z: float) -> PrivacyEvent:
+        return SubsampledGaussianEvent(name=name, count=steps, sampling_rate=sampling_rate, noise_multiplier=z,
+                                       scope=scope)
+
+    return make
+
+
 def gaussian_releases(kind: str, indices: Sequence[int | None], knob: str,
                       sensitivity: float) -> tuple[Release, ...]:
     """Gaussian releases of a vector with L2 `sensitivity`, one per index, all on `knob` (sigma)."""
