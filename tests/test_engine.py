@@ -233,3 +233,23 @@ def test_one_process_at_a_time_runs_a_run_directory(tmp_path: Path) -> None:
     first.execute()  # releases the directory when it returns
     assert Run.resume(tmp_path / "run").execute()["privacy"]["epsilon"] <= 2.0 * (1 + 1e-6)
     assert len({e["name"] for e in json.loads((tmp_path / "run" / "privacy.json").read_text())["events"]}) == 3
+
+
+@pytest.mark.parametrize("crash_after", [12, 30])
+def test_fusegen_interrupted_mid_run_resumes_to_the_uninterrupted_samples(crash_after: int, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """FuseGen's feedback rounds depend on the examples chosen after each round: a resumed run must show the next
+    round the same examples, so that its samples (and weights) are those of the run that was never stopped."""
+    raw = _config(tmp_path, "fusegen")
+    raw["fusegen"] = {"n": 36, "rounds": 3, "examples": 2}
+    raw["privacy"]["noise_seed"] = 7  # the DP label shares the same in both runs
+    cfg = parse_config(raw)
+    Run.create(cfg, tmp_path / "whole").execute()
+    whole = (tmp_path / "whole" / "synthetic.jsonl").read_text()
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache2"))  # the interrupted run pays its own requests
+    FakeGenerator.calls, FakeGenerator.fail_after = [], crash_after
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(cfg, tmp_path / "run").execute()
+    FakeGenerator.fail_after = None
+    Run.resume(tmp_path / "run").execute()
+    assert (tmp_path / "run" / "synthetic.jsonl").read_text() == whole
