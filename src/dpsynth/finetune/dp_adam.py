@@ -128,7 +128,7 @@ def train_adapter(
     if start >= settings.steps:
         return adapter_vector(model)
 
-    encoded = tuple(t.to(device) for t in encode_examples(tokenizer, prompts, texts, settings.max_length))
+    encoded = encode_examples(tokenizer, prompts, texts, settings.max_length, device)
     noise = torch.Generator(device=device)  # Opacus draws the noise on the parameters' device
     was_training = model.training
     gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")

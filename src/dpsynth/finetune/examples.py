@@ -24,9 +24,10 @@ def control_prompt(text_kind: str, label: str, label_description: str) -> str:
 
 
 def encode_examples(
-    tokenizer: Any, prompts: list[str], texts: list[str], max_length: int
+    tokenizer: Any, prompts: list[str], texts: list[str], max_length: int, device: str | torch.device = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, loss_mask), right-padded to the longest sequence (at most `max_length`).
+    """(input_ids, attention_mask, loss_mask) on `device`, right-padded to the longest sequence (at most
+    `max_length`).
 
     `loss_mask[i, t]` is 1 where token t of sequence i is a target: a text token or the final eos
     (truncation may cut both). Empty lists give tensors of shape (0, 0).
@@ -48,7 +49,7 @@ def encode_examples(
         input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention_mask[i, : len(ids)] = 1
         loss_mask[i, : len(ids)] = torch.tensor(targets, dtype=torch.long)
-    return input_ids, attention_mask, loss_mask
+    return input_ids.to(device), attention_mask.to(device), loss_mask.to(device)
 
 
 def sequence_losses(

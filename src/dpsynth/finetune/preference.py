@@ -72,10 +72,9 @@ def train_on_preferences(model: Any, tokenizer: Any, pairs: Sequence[PreferenceP
         return {"pairs": 0, "loss": None}
     generator = torch.Generator().manual_seed(settings.seed)  # the pair order: on the CPU on every device
     device = next(model.parameters()).device  # train where the model is (the run's `device:`)
-    chosen = tuple(t.to(device) for t in encode_examples(tokenizer, [p.prompt for p in pairs],
-                                                         [p.chosen for p in pairs], settings.max_length))
-    rejected = tuple(t.to(device) for t in encode_examples(tokenizer, [p.prompt for p in pairs],
-                                                           [p.rejected for p in pairs], settings.max_length))
+    prompts = [p.prompt for p in pairs]
+    chosen = encode_examples(tokenizer, prompts, [p.chosen for p in pairs], settings.max_length, device)
+    rejected = encode_examples(tokenizer, prompts, [p.rejected for p in pairs], settings.max_length, device)
     ref_c = ref_r = None
     if settings.objective == "dpo":
         with torch.no_grad(), model.disable_adapter():
