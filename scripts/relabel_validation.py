@@ -22,7 +22,15 @@ import numpy as np
 from dpsynth.data.corpora import get_corpus, sample_private, split
 from dpsynth.embed.sentence import CachedEmbedder, SentenceTransformerEmbedder
 from dpsynth.evaluate.downstream import probe_scores
-from dpsynth.methods.relabel import corrected_labels, denoise_in_synthetic_span, gap_noise, synthetic_basis
+from dpsynth.methods.relabel import (
+    blended_scores,
+    corrected_labels,
+    denoise_in_synthetic_span,
+    gap_noise,
+    labels_by_scores,
+    private_reliability,
+    synthetic_basis,
+)
 from dpsynth.voting.scores import embedding_sums, unit_rows
 
 SIGMA = 1.081  # eps=4, delta 1e-5, one release of sensitivity 1 (the bench's)
@@ -73,7 +81,44 @@ def public(synth: np.ndarray, own: np.ndarray, private: np.ndarray, p_labels: np
     return corrected_labels(synth, own, denoise_in_synthetic_span(descriptions, basis), margin)
 
 
+def _private_centroids(synth, private, p_labels, n_labels, rng, subspace):
+    sums = embedding_sums(private, p_labels, n_labels).reshape(n_labels, -1)
+    noisy = sums + rng.normal(0.0, SIGMA, sums.shape)
+    basis = synthetic_basis(synth, subspace)
+    return denoise_in_synthetic_span(noisy, basis), basis
+
+
+def blend(synth: np.ndarray, own: np.ndarray, private: np.ndarray, p_labels: np.ndarray, n_labels: int,
+          rng: np.random.Generator, *, descriptions: np.ndarray, subspace: int = 16, margin: float = 0.05,
+          min_z: float = 2.0) -> np.ndarray:
+    """`scoring: blend`: each label's cosine mixes the noisy private centroid's and the public description's by
+    the share of the noisy centroid that is signal; the noise test scales with that share."""
+    centroids, basis = _private_centroids(synth, private, p_labels, n_labels, rng, subspace)
+    reliability = private_reliability(centroids, SIGMA, basis.shape[1])
+    scores = blended_scores(synth, centroids, denoise_in_synthetic_span(descriptions, basis), reliability)
+    noise = gap_noise(synth, own, centroids, SIGMA, basis, reliability)
+    return labels_by_scores(scores, own, margin, noise, min_z)
+
+
+def union(synth: np.ndarray, own: np.ndarray, private: np.ndarray, p_labels: np.ndarray, n_labels: int,
+          rng: np.random.Generator, *, descriptions: np.ndarray, subspace: int = 16, margin: float = 0.05,
+          min_z: float = 2.0) -> np.ndarray:
+    """The stage's moves, plus the public control's moves where the stage did not move the sample and the noisy
+    private centroids do not disagree (the target's private cosine at least the own label's)."""
+    centroids, basis = _private_centroids(synth, private, p_labels, n_labels, rng, subspace)
+    moved = corrected_labels(synth, own, centroids, margin, gap_noise(synth, own, centroids, SIGMA, basis), min_z)
+    pub = corrected_labels(synth, own, denoise_in_synthetic_span(descriptions, basis), margin)
+    s = unit_rows(synth) @ unit_rows(centroids).T
+    rows = np.arange(len(own))
+    agree = s[rows, pub] >= s[rows, own]
+    return np.where(moved != own, moved, np.where(agree, pub, own))
+
+
 RULES: dict[str, Rule] = {
+    "ambient-k4": lambda *a: ambient(*a, subspace=4),
+    "ambient-k8": lambda *a: ambient(*a, subspace=8),
+    "ambient-k32": lambda *a: ambient(*a, subspace=32),
+    "ambient-z1.5": lambda *a: ambient(*a, min_z=1.5),
     "ambient": ambient,
     "projected": projected,
     "projected-k8": lambda *a: projected(*a, subspace=8),
@@ -85,11 +130,14 @@ RULES: dict[str, Rule] = {
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bench", type=Path, default=Path("bench"))
-    parser.add_argument("--rules", nargs="+", default=["ambient", "projected"], choices=[*RULES, "public"])
+    parser.add_argument("--rules", nargs="+", default=["ambient", "projected"],
+                        choices=[*RULES, "public", "blend", "blend-z1", "union"])
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="private draws and noise draws per synthetic set (seeds 10+s+5r and 100+s+5r)")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     args = parser.parse_args()
     embedder = CachedEmbedder(SentenceTransformerEmbedder(), Path(tempfile.gettempdir()) / "relabel-validation.sqlite")
-    print("| dataset | M | " + " | ".join(args.rules) + " |  (macro-F1 change of the probe, mean of 5)")
+    print("| dataset | M | " + " | ".join(args.rules) + " |  (macro-F1 change of the probe: mean (standard error))")
     for short in args.datasets:
         data = get_corpus(DATASETS[short]).load()
         train = split(data).train
@@ -99,6 +147,9 @@ def main() -> None:
         task = get_corpus(DATASETS[short]).task
         descriptions = embedder.encode([f"{task.text_kind} ({c}: {task.labels[c]})" for c in names])
         RULES["public"] = lambda *a, d=descriptions: public(*a, descriptions=d)
+        RULES["blend"] = lambda *a, d=descriptions: blend(*a, descriptions=d)
+        RULES["blend-z1"] = lambda *a, d=descriptions: blend(*a, descriptions=d, min_z=1.0)
+        RULES["union"] = lambda *a, d=descriptions: union(*a, descriptions=d)
         val_emb = embedder.encode(list(val.texts))
         sets = []
         for seed in range(5):
@@ -107,17 +158,18 @@ def main() -> None:
             sets.append((embedder.encode([r["text"] for r in rows]), np.array([names.index(r["label"]) for r in rows])))
         for m in (100, 1000):
             gains: dict[str, list[float]] = {r: [] for r in args.rules}
-            for s, (synth, own) in enumerate(sets):
-                private = sample_private(pool, m, seed=10 + s)
+            for s, r in ((s, r) for s in range(len(sets)) for r in range(args.repeats)):
+                synth, own = sets[s]
+                private = sample_private(pool, m, seed=10 + s + 5 * r)
                 p_emb = unit_rows(embedder.encode(list(private.texts)))
                 p_labels = np.array([names.index(y) for y in private.labels])
                 base = probe_scores(synth, [names[i] for i in own], val_emb, list(val.labels))["macro_f1"]
                 for rule in args.rules:
-                    new = RULES[rule](synth, own, p_emb, p_labels, len(names), np.random.default_rng(100 + s))
+                    new = RULES[rule](synth, own, p_emb, p_labels, len(names), np.random.default_rng(100 + s + 5 * r))
                     score = probe_scores(synth, [names[i] for i in new], val_emb, list(val.labels))["macro_f1"]
                     gains[rule].append(100 * (score - base))
-            print(f"| {short} | {m} | " + " | ".join(f"{np.mean(gains[r]):+.1f}" for r in args.rules) + " |",
-                  flush=True)
+            cells = [f"{np.mean(g):+.1f} ({np.std(g) / np.sqrt(len(g)):.1f})" for g in map(gains.get, args.rules)]
+            print(f"| {short} | {m} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,12 @@ from dpsynth.errors import DpsynthError
 from dpsynth.methods.relabel import (
     RELABEL,
     RELABEL_SIGMA,
+    blended_scores,
     corrected_labels,
     denoise_in_synthetic_span,
     gap_noise,
+    labels_by_scores,
+    private_reliability,
     synthetic_basis,
 )
 from dpsynth.runs.config import parse_config
@@ -70,6 +73,38 @@ def test_gap_noise_by_hand() -> None:
     assert noise.shape == (1, 2) and noise[0, 1] == pytest.approx(0.5 * np.sqrt(1 / 4 + 1 / 16))
     basis = np.array([[0.0], [1.0]])  # a sample outside the kept span is not moved by the kept noise
     assert gap_noise(np.array([[1.0, 0.0]]), [0], centroids, 0.5, basis)[0, 1] == 0.0
+
+
+def test_private_reliability_by_hand() -> None:
+    # |c|^2 = 25, 4 and 1 in 2 kept dimensions with sigma 0.5: 1 - 2 x 0.25 / |c|^2 = 0.98, 0.875 and 0.5
+    centroids = np.array([[3.0, 4.0], [0.0, 2.0], [1.0, 0.0], [0.1, 0.0]])
+    assert np.allclose(private_reliability(centroids, sigma=0.5, dims=2), [0.98, 0.875, 0.5, 0.0])
+    assert np.allclose(private_reliability(centroids, sigma=0.0, dims=2), 1.0), "no noise: all signal"
+
+
+def test_blend_is_the_private_rule_when_reliable_and_the_public_control_when_not() -> None:
+    samples = np.array([[0.6, 0.8], [0.8, 0.6]])
+    own = np.array([0, 1])
+    private = np.array([[1.0, 0.0], [0.0, 1.0]])  # sample 0 nearer label 1, sample 1 nearer label 0
+    public = np.array([[0.0, 1.0], [1.0, 0.0]])  # the public descriptions say the opposite
+    by_private = corrected_labels(samples, own, private, 0.05)
+    assert list(labels_by_scores(blended_scores(samples, private, public, np.ones(2)), own, 0.05)) == \
+        list(by_private) == [1, 0]
+    assert list(labels_by_scores(blended_scores(samples, private, public, np.zeros(2)), own, 0.05)) == \
+        list(corrected_labels(samples, own, public, 0.05)) == [0, 1]
+    half = blended_scores(samples, private, public, np.array([0.5, 0.5]))
+    assert np.allclose(half, 0.7), "equal shares of opposite opinions: a tie, nothing moves"
+    # the weights are per label: label 1's private centroid trusted, label 0's not
+    mixed = blended_scores(samples, private, public, np.array([0.0, 1.0]))
+    assert np.allclose(mixed, [[0.8, 0.8], [0.6, 0.6]])
+
+
+def test_gap_noise_scales_with_the_private_share() -> None:
+    centroids = np.array([[2.0, 0.0], [0.0, 4.0]])
+    weighted = gap_noise(np.array([[1.0, 0.0]]), [0], centroids, 0.5, None, weights=np.array([0.5, 1.0]))
+    assert weighted[0, 1] == pytest.approx(0.5 * np.sqrt(0.25 / 4 + 1 / 16))
+    zero = gap_noise(np.array([[1.0, 0.0]]), [0], centroids, 0.5, None, weights=np.zeros(2))
+    assert np.all(zero == 0.0), "a score with no private share carries no noise"
 
 
 def test_denoising_keeps_the_synthetic_span_and_drops_the_rest() -> None:
@@ -148,6 +183,17 @@ def test_zero_shot_plus_relabelling_pays_what_budget_plans_and_changes_only_labe
         "one noisy row of sums per label is saved, nothing clean"
 
 
+def test_blend_scoring_pays_the_same_release_and_reports_its_shares(tmp_path: Path) -> None:
+    run = _run(tmp_path, _relabel_config(tmp_path, scoring="blend"))
+    privacy = json.loads((run / "privacy.json").read_text())
+    assert [e["name"] for e in privacy["events"]] == [RELABEL] and privacy["private_records_read"] is True
+    assert privacy["epsilon"] == pytest.approx(_budget_epsilon(tmp_path / "run.yaml"), abs=1e-4)
+    stage = json.loads((run / "metrics.json").read_text())["iterations"][-1]["relabel"]
+    assert stage["scoring"] == "blend"
+    assert set(stage["private_reliability"]) == set(stage["moved_to"])
+    assert all(0.0 <= a <= 1.0 for a in stage["private_reliability"].values())
+
+
 def test_the_public_control_reads_no_private_record_and_spends_nothing(tmp_path: Path) -> None:
     run = _run(tmp_path, _relabel_config(tmp_path, scoring="public"))
     privacy = json.loads((run / "privacy.json").read_text())
@@ -182,9 +228,12 @@ def test_bench_treats_private_relabelling_as_private_and_the_public_control_as_n
                         variants=[{"name": "zero-shot", "method": "zero-shot"},
                                   {"name": "public", "method": "zero-shot",
                                    "overrides": {"relabel": {"scoring": "public"}}},
-                                  {"name": "private", "method": "zero-shot", "overrides": {"relabel": {}}}],
+                                  {"name": "private", "method": "zero-shot", "overrides": {"relabel": {}}},
+                                  {"name": "blend", "method": "zero-shot",
+                                   "overrides": {"relabel": {"scoring": "blend"}}}],
                         epsilons=[4.0], seeds=[0])
-    assert {c["variant"]: c["epsilon"] for c in cells(bench)} == {"zero-shot": None, "public": None, "private": 4.0}
+    assert {c["variant"]: c["epsilon"] for c in cells(bench)} == \
+        {"zero-shot": None, "public": None, "private": 4.0, "blend": 4.0}
 
 
 def test_a_resume_that_adds_or_drops_a_final_stage_is_refused(tmp_path: Path) -> None:

@@ -211,8 +211,10 @@ class RelabelConfig(FinalStageNoise):
     """A final DP label-correction stage after any method (`dpsynth.methods.relabel`): one noisy release of the
     per-label sums of the private records' unit embeddings; samples move to the label whose centroid is nearer."""
 
-    scoring: Literal["private", "public"] = Field("private", description="private: the noisy per-label sums; "
-                                                  "public: the public label descriptions (a control, epsilon 0)")
+    scoring: Literal["private", "public", "blend"] = Field(
+        "private", description="private: the noisy per-label sums; public: the public label descriptions (a "
+        "control, epsilon 0); blend: the same noisy sums, each label's cosine mixed with its public description's "
+        "by the share of the noisy centroid that is signal")
     margin: float = Field(0.05, ge=0, description="a sample moves only when another label's centroid is nearer "
                           "than its own by more than this cosine")
     subspace: int = Field(16, ge=0, description="denoise the centroids in the span of the synthetic mean and this "
@@ -294,7 +296,7 @@ class RunConfig(BaseModel):
 
 def has_private_final_stage(config: RunConfig) -> bool:
     """A final stage that reads the private records (DP resampling, DP label correction), whatever the method."""
-    return config.resample is not None or (config.relabel is not None and config.relabel.scoring == "private")
+    return config.resample is not None or (config.relabel is not None and config.relabel.scoring != "public")
 
 
 def records_per_unit(config: RunConfig) -> int:

@@ -99,7 +99,7 @@ def cells(bench: BenchConfig) -> list[dict]:
         plm_sets = [[g] for g in generators] if alone else [generators]
         merged = _merge(bench.base, v.overrides)
         final_stage = merged.get("resample") is not None or \
-            (merged.get("relabel") is not None and (merged["relabel"] or {}).get("scoring", "private") == "private")
+            (merged.get("relabel") is not None and (merged["relabel"] or {}).get("scoring", "private") != "public")
         private_votes = cls is not None and (cls.uses_private_data or final_stage)
         # DP label proportions are a private release too: such a cell has an epsilon even without votes.
         dp_labels = cls is not None and (merged.get("privacy") or {}).get("label_proportions") == "dp"

@@ -22,7 +22,10 @@ add/remove, 2 under replacement, brute-force tested); everything after that rele
    labels alone, while a label with many records still corrects its clear cases.
 
 `scoring: public` runs the same rule against the embeddings of the public label descriptions: a control with
-no private data (epsilon 0), so that a gain cannot come from the rule alone.
+no private data (epsilon 0), so that a gain cannot come from the rule alone. `scoring: blend` uses the same one
+release and mixes, per label, the private cosine with the public description's by how much of the noisy
+centroid is signal (`private_reliability`, from noisy values): few records per label lean on the public prior,
+many on the private data; the noise test scales with the private share.
 """
 
 from __future__ import annotations
@@ -77,27 +80,52 @@ def denoise_in_synthetic_span(centroids: np.ndarray, basis: np.ndarray | None) -
 
 
 def gap_noise(synthetic: np.ndarray, own: Sequence[int] | np.ndarray, centroids: np.ndarray, sigma: float,
-              basis: np.ndarray | None) -> np.ndarray:
+              basis: np.ndarray | None, weights: np.ndarray | None = None) -> np.ndarray:
     """(samples x labels): the noise std of each sample's cosine gap from its own label to every label, from the
     noisy centroids and the public sigma only (post-processing). Noise of std sigma per dimension turns a centroid
     of norm |c| so that a unit sample x's cosine to it moves by about sigma |P x| / |c| (P: the denoising
     projection, or the identity), independently for two labels: the gap's std is
-    sigma |P x| sqrt(1/|c_own|^2 + 1/|c_c|^2). Linear in the samples, whatever the number of labels."""
+    sigma |P x| sqrt(w_own^2/|c_own|^2 + w_c^2/|c_c|^2), where w_c (default 1) is the weight label c's private
+    cosine has in the score (`blended_scores`). Linear in the samples, whatever the number of labels."""
     x = unit_rows(synthetic)
     reach = np.linalg.norm(x @ basis, axis=1) if basis is not None else np.ones(len(x))
     norms = np.linalg.norm(np.asarray(centroids, dtype=np.float64), axis=1)
-    inv2 = 1.0 / np.where(norms > 0, norms, 1e-12) ** 2
+    w = np.ones(len(norms)) if weights is None else np.asarray(weights, dtype=np.float64)
+    inv2 = (w / np.where(norms > 0, norms, 1e-12)) ** 2
     return sigma * reach[:, None] * np.sqrt(inv2[np.asarray(own, dtype=np.int64)][:, None] + inv2[None, :])
+
+
+def private_reliability(centroids: np.ndarray, sigma: float, dims: int) -> np.ndarray:
+    """Per label, the share of a noisy centroid's energy that is signal: max(0, 1 - dims sigma^2 / |c|^2), with
+    `dims` the dimensions the centroid keeps after denoising (noise of std sigma adds dims sigma^2 to |c|^2 in
+    expectation). From the noisy values and the public sigma only: post-processing."""
+    norms2 = (np.asarray(centroids, dtype=np.float64) ** 2).sum(axis=1)
+    return np.clip(1.0 - dims * sigma ** 2 / np.where(norms2 > 0, norms2, 1e-12), 0.0, 1.0)
+
+
+def blended_scores(synthetic: np.ndarray, private: np.ndarray, public: np.ndarray,
+                   reliability: np.ndarray) -> np.ndarray:
+    """(samples x labels): each label's score is a_c cos(x, private_c) + (1 - a_c) cos(x, public_c): the noisy
+    private centroid where it is mostly signal, the public label description where it is mostly noise (a_c:
+    `private_reliability`). With a_c = 1 it is the private rule, with a_c = 0 the public control's."""
+    x = unit_rows(synthetic)
+    a = np.asarray(reliability, dtype=np.float64)[None, :]
+    return a * (x @ unit_rows(private).T) + (1.0 - a) * (x @ unit_rows(public).T)
 
 
 def corrected_labels(synthetic: np.ndarray, label_ids: Sequence[int] | np.ndarray, centroids: np.ndarray,
                      margin: float, noise: np.ndarray | None = None, min_z: float = 0.0) -> np.ndarray:
-    """Each sample's label after correction: the label of its nearest centroid (cosine) among those that beat
-    the sample's own label's by more than `margin` and, given `noise` (`gap_noise`: samples x labels), by at
+    """Each sample's label after correction by cosine to `centroids` (`labels_by_scores`)."""
+    return labels_by_scores(unit_rows(synthetic) @ unit_rows(centroids).T, label_ids, margin, noise, min_z)
+
+
+def labels_by_scores(scores: np.ndarray, label_ids: Sequence[int] | np.ndarray, margin: float,
+                     noise: np.ndarray | None = None, min_z: float = 0.0) -> np.ndarray:
+    """Each sample's label after correction: the label of its highest score (samples x labels) among those that
+    beat the sample's own label's by more than `margin` and, given `noise` (`gap_noise`: samples x labels), by at
     least `min_z` times the gap's noise std; else its own label."""
     own = np.asarray(label_ids, dtype=np.int64)
     rows = np.arange(len(own))
-    scores = unit_rows(synthetic) @ unit_rows(centroids).T
     gap = scores - scores[rows, own][:, None]
     needed = np.full_like(gap, margin)
     if noise is not None:
@@ -117,18 +145,27 @@ def relabel_stage(options: RelabelConfig, *, samples: list[SyntheticSample], emb
     if not samples:
         raise DpsynthError("relabel: the method produced no samples to relabel")
     n_labels = len(label_names)
+    basis = synthetic_basis(embeddings, options.subspace)
+    public = denoise_in_synthetic_span(np.asarray(public_centroids(), dtype=np.float64), basis) \
+        if options.scoring != "private" else None
+    reliability = None
     if options.scoring == "public":
-        centroids = np.asarray(public_centroids(), dtype=np.float64)
+        assert public is not None
+        new = corrected_labels(embeddings, label_ids, public, options.margin)
     else:
         placeholder = np.zeros((n_labels, embeddings.shape[1]))
         sums = holder.noisy_votes(VoteSpec(kind="embedding_sums"), placeholder, np.arange(n_labels),
                                   release=release)
-        centroids = np.asarray(sums, dtype=np.float64).reshape(n_labels, -1)
-    basis = synthetic_basis(embeddings, options.subspace)
-    denoised = denoise_in_synthetic_span(centroids, basis)
-    private = options.scoring == "private" and sigma > 0
-    noise = gap_noise(embeddings, label_ids, denoised, sigma, basis) if private else None
-    new = corrected_labels(embeddings, label_ids, denoised, options.margin, noise, options.min_z)
+        denoised = denoise_in_synthetic_span(np.asarray(sums, dtype=np.float64).reshape(n_labels, -1), basis)
+        dims = basis.shape[1] if basis is not None else embeddings.shape[1]
+        if options.scoring == "blend" and sigma > 0:
+            assert public is not None
+            reliability = private_reliability(denoised, sigma, dims)
+            scores = blended_scores(embeddings, denoised, public, reliability)
+        else:  # private, or blend without noise (every centroid all signal)
+            scores = unit_rows(embeddings) @ unit_rows(denoised).T
+        noise = gap_noise(embeddings, label_ids, denoised, sigma, basis, reliability) if sigma > 0 else None
+        new = labels_by_scores(scores, label_ids, options.margin, noise, options.min_z)
     out = [s if new[i] == label_ids[i] else replace(s, label=label_names[int(new[i])])
            for i, s in enumerate(samples)]
     moved = np.bincount(new[new != label_ids], minlength=n_labels)
@@ -136,5 +173,7 @@ def relabel_stage(options: RelabelConfig, *, samples: list[SyntheticSample], emb
              "moved_to": {label_names[c]: int(moved[c]) for c in range(n_labels)},
              "scoring": options.scoring, "subspace": options.subspace, "margin": options.margin,
              "min_z": options.min_z}
+    if reliability is not None:  # from noisy values: safe to report
+        stats["private_reliability"] = {label_names[c]: round(float(reliability[c]), 4) for c in range(n_labels)}
     return out, stats
 
