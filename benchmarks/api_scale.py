@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/api_scale.py                                  # N 600 2400 9600 38400, K 2 and 6
     .venv/bin/python benchmarks/api_scale.py --n 600 2400 --k 2 --latency 0.2 --concurrency 64
+    .venv/bin/python benchmarks/api_scale.py --processes 4 --server-processes 8   # past one client process's ceiling
 
 A real HTTP server on loopback (its own process, part of this benchmark, not a mock inside the client)
 speaks the OpenAI chat-completions API: it waits `--latency` seconds per request and answers with real
@@ -43,8 +44,10 @@ def answer_text(texts: list[str], h: int) -> str:
     return f"{texts[h % len(texts)]} {texts[(h // len(texts)) % len(texts)]}"
 
 
-def serve(port_out: mp.Queue, latency: float, texts: list[str]) -> None:
-    """The loopback server: every POST waits `latency` s and returns a real text."""
+def serve(port: int, ready: mp.Queue, latency: float, texts: list[str]) -> None:
+    """One process of the loopback server: every POST waits `latency` s and returns a real text. Several such
+    processes share `port` (SO_REUSEPORT; the kernel spreads connections over them), so that the server, like a
+    vLLM endpoint in front of many replicas, is not the limit the client is measured against."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -72,13 +75,22 @@ def serve(port_out: mp.Queue, latency: float, texts: list[str]) -> None:
 
     ThreadingHTTPServer.daemon_threads = True
     ThreadingHTTPServer.request_queue_size = 1024
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    port_out.put(srv.server_port)
+    ThreadingHTTPServer.allow_reuse_port = True
+    srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    ready.put(srv.server_port)
     srv.serve_forever()
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int, *, embedder: str, device: str,
-             noise_seed: int | None) -> dict:
+             noise_seed: int | None, processes: int) -> dict:
     """One WASP run in this process (called in a child): its metrics and peak memory."""
     from dpsynth.runs.config import parse_config
     from dpsynth.runs.engine import Run
@@ -87,7 +99,7 @@ def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int
         "method": "wasp",
         "data": {"corpus": "rotten_tomatoes", "m": m},
         "generators": [{"kind": "openai", "model": f"m{i}", "name": f"plm{i}", "base_url": url,
-                        "max_concurrency": concurrency} for i in range(k)],
+                        "max_concurrency": concurrency, "processes": processes} for i in range(k)],
         "wasp": {"n": n, "iterations": iterations, "q": 8, "s": 4, "max_tokens": 64},
         "privacy": {"epsilon": 4.0, "delta": 1e-5},
         "evaluate": False,
@@ -156,21 +168,29 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="the runs' device: setting")
     parser.add_argument("--noise-seed", type=int, help="seeded numpy noise (NOT FOR RELEASE) instead of OpenDP's exact "
                         "samplers: voting then leaves out the exact sampler's cost")
+    parser.add_argument("--processes", type=int, default=1, help="request processes per generator (processes:)")
+    parser.add_argument("--server-processes", type=int, default=1, help="loopback server processes on one port")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # internal: run one cell, print its JSON
     args = parser.parse_args()
     if args.cell:
         n, k, url = args.cell.split(",")
         print("CELL " + json.dumps(run_cell(int(n), int(k), url, args.concurrency, args.m, args.iterations,
-                                            embedder=args.embedder, device=args.device, noise_seed=args.noise_seed)))
+                                            embedder=args.embedder, device=args.device, noise_seed=args.noise_seed,
+                                            processes=args.processes)))
         return
 
     from dpsynth.data.corpora import get_corpus
 
     texts = get_corpus("rotten_tomatoes").load().texts
-    port: mp.Queue = mp.Queue()
-    server = mp.Process(target=serve, args=(port, args.latency, texts), daemon=True)
-    server.start()
-    url = f"http://127.0.0.1:{port.get(timeout=30)}/v1"
+    ready: mp.Queue = mp.Queue()
+    port = free_port()
+    servers = [mp.Process(target=serve, args=(port, ready, args.latency, texts), daemon=True)
+               for _ in range(args.server_processes)]
+    for server in servers:
+        server.start()
+    for _ in servers:
+        ready.get(timeout=60)
+    url = f"http://127.0.0.1:{port}/v1"
     from dpsynth.device import resolve_device
 
     # enough texts for the peak to be the encoder's, not its start-up: a GPU needs many more than a CPU
@@ -178,7 +198,8 @@ def main() -> None:
     like_answers = [answer_text(texts, int.from_bytes(hashlib.sha256(str(i).encode()).digest()[:8], "big"))
                     for i in range(sample)]
     peak = encoder_peak(like_answers, args.embedder, args.device)
-    print(f"server {url}: latency {args.latency} s, {args.concurrency} requests in flight per generator; "
+    print(f"server {url} ({args.server_processes} processes): latency {args.latency} s, {args.concurrency} requests "
+          f"in flight per generator from {args.processes} process(es) each; "
           f"encoder peak {peak:.0f} texts/s ({args.embedder} on {args.device}, texts like the answers, this machine)"
           + ("; seeded numpy noise" if args.noise_seed is not None else "; OpenDP's exact noise"))
     print("| K | N | requests | generation s | / latency bound | own ms/request | embedding texts/s | / peak "
@@ -197,8 +218,9 @@ def main() -> None:
                 if (shared / name).exists():
                     os.symlink(shared / name, cache / name)
             env = {**os.environ, "DPSYNTH_CACHE": str(cache), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
-            cell_args = ["--concurrency", str(args.concurrency), "--m", str(args.m), "--iterations",
-                         str(args.iterations), "--embedder", args.embedder, "--device", args.device]
+            cell_args = ["--concurrency", str(args.concurrency), "--processes", str(args.processes),
+                         "--m", str(args.m), "--iterations", str(args.iterations), "--embedder", args.embedder,
+                         "--device", args.device]
             if args.noise_seed is not None:
                 cell_args += ["--noise-seed", str(args.noise_seed)]
             done = subprocess.run([sys.executable, __file__, "--cell", f"{n},{k},{url}", *cell_args],
@@ -236,7 +258,8 @@ def main() -> None:
     if last_cache is not None and last_cache.exists():
         rows, get, put = cache_cost(last_cache)
         print(f"request cache with {rows} rows: {get:.0f} us per get (in batches of 100), {put:.0f} us per put")
-    server.terminate()
+    for server in servers:
+        server.terminate()
 
 
 if __name__ == "__main__":

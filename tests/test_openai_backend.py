@@ -306,3 +306,84 @@ def test_wasp_completes_through_a_proxy_that_breaks_30_percent_of_answers(llama_
     written = " | ".join(words(t) for t in _FaultyProxy.texts)
     strays = [s for s in samples if words(s) not in written]
     assert not strays, f"samples the real server did not write: {strays}"
+
+
+class _Echo(BaseHTTPRequestHandler):
+    """Answers each chat request with its own user message; the first `fail_first` requests get a 503."""
+
+    protocol_version = "HTTP/1.1"
+    fail_first = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:  # noqa: N802
+        asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with _Echo.lock:
+            fail, _Echo.fail_first = _Echo.fail_first > 0, max(0, _Echo.fail_first - 1)
+        if fail:
+            body, status = b'{"error": {"message": "busy"}}', 503
+        else:
+            text = asked["messages"][-1]["content"]
+            body, status = json.dumps({
+                "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+            }).encode(), 200
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if status != 200:
+            self.send_header("retry-after-ms", "10")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_requests_from_several_processes_come_back_in_order_with_their_retries_counted() -> None:
+    """`processes: 2`: the same answers, in the requests' order, each handed to on_result once as it arrives, and
+    the retries made in the worker processes counted in the generator's total."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        requests = [GenerationRequest(messages=(("user", f"text {i}"),)) for i in range(40)]
+        seen: list[int] = []
+        _Echo.fail_first = 3
+        gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=4, processes=2, backoff=0.01)
+        out = gen.generate(requests, on_result=lambda i, r: seen.append(i))
+        assert [r.text for r in out] == [f"text {i}" for i in range(40)]
+        assert sorted(seen) == list(range(40)), "every answer handed over once"
+        assert gen.retries == 3
+        again = gen.generate(requests[:5])  # the workers stay up between batches
+        assert [r.text for r in again] == [f"text {i}" for i in range(5)]
+    finally:
+        server.shutdown()
+
+
+def test_a_request_that_gives_up_in_a_worker_process_is_one_clear_error() -> None:
+    from dpsynth.errors import DpsynthError
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _Echo.fail_first = 1000
+        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", max_retries=1,
+                                    processes=2, backoff=0.01)
+        with pytest.raises(DpsynthError, match="failed after retries with HTTP 503"):
+            gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(20)])
+    finally:
+        _Echo.fail_first = 0
+        server.shutdown()
+
+
+def test_processes_are_refused_where_they_cannot_apply() -> None:
+    from pydantic import ValidationError
+
+    from dpsynth.config import GeneratorConfig
+
+    with pytest.raises(ValidationError, match="API generators"):
+        GeneratorConfig(model="gemma3-270m", processes=2)
+    with pytest.raises(ValidationError, match="rate limits pace one process"):
+        GeneratorConfig(kind="openai", model="m", processes=2, requests_per_minute=60)
+    assert GeneratorConfig(kind="openai", model="m", processes=4).processes == 4

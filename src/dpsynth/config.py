@@ -44,6 +44,8 @@ class GeneratorConfig(Section):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
     max_concurrency: PositiveInt = 4
+    processes: PositiveInt = Field(1, description="API generators: worker processes sharing max_concurrency (one "
+                                   "process asks at most about 600 requests/s; raise it for fast endpoints)")
     max_retries: int = Field(5, ge=0, description="API retries per request with exponential backoff (timeouts, "
                              "429, 5xx, malformed answers)")
     timeout: float = Field(120.0, gt=0, description="seconds per API request")
@@ -60,6 +62,15 @@ class GeneratorConfig(Section):
     requests_per_minute: PositiveFloat | None = Field(None, description="client-side rate limit (API generators)")
     tokens_per_minute: PositiveFloat | None = Field(None, description="client-side rate limit in prompt + "
                                                     "max_tokens per request (API generators)")
+
+    @model_validator(mode="after")
+    def _processes_need_an_unpaced_api(self) -> GeneratorConfig:
+        if self.processes > 1 and self.kind != "openai":
+            raise ValueError("processes applies to API generators (kind: openai) only")
+        if self.processes > 1 and (self.requests_per_minute or self.tokens_per_minute):
+            raise ValueError("client-side rate limits pace one process: set processes: 1 with requests_per_minute "
+                             "or tokens_per_minute")
+        return self
 
     @model_validator(mode="after")
     def _cost_needs_prices(self) -> GeneratorConfig:

@@ -1,6 +1,7 @@
 """Any OpenAI-compatible endpoint: OpenAI, vLLM, llama.cpp server, Ollama.
 
-Requests of a batch run concurrently (a thread pool of `max_concurrency`).
+Requests of a batch run concurrently (a thread pool of `max_concurrency`; with `processes` > 1, that many
+worker processes share it: `llm/request_fleet.py`, for endpoints that answer faster than one process can ask).
 Every faulty answer is retried with exponential backoff and jitter, up to
 `max_retries` times per request: timeouts and lost connections, HTTP 408, 409,
 429 and 5xx (a server's Retry-After / retry-after-ms is honoured), and
@@ -27,6 +28,7 @@ from typing import Any
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+from dpsynth.llm.request_fleet import RequestFleet
 from dpsynth.llm.spend import RatePacer, worst_case
 
 MAX_RETRY_AFTER = 120.0  # seconds; a server asking for a longer wait is not retried (as the openai client does)
@@ -123,6 +125,7 @@ class OpenAICompatGenerator:
         backoff: float = 0.5,
         max_backoff: float = 8.0,
         pacer: RatePacer | None = None,
+        processes: int = 1,
     ) -> None:
         try:
             import openai
@@ -145,7 +148,17 @@ class OpenAICompatGenerator:
         self._max_backoff = max_backoff
         self._pacer = pacer  # client-side requests / tokens per minute, applied to every attempt
         self._count_lock = threading.Lock()
-        self.retries = 0  # requests sent again, over this generator's life
+        self._retries = 0  # requests sent again by this process
+        if processes > 1 and pacer is not None:
+            raise DpsynthError(f"generator {self.name}: client-side rate limits pace one process; set processes: 1")
+        settings = dict(model=model, base_url=base_url, api_key_env=api_key_env, name=self.name, chat=chat,
+                        max_retries=max_retries, timeout=timeout, backoff=backoff, max_backoff=max_backoff)
+        self._fleet = RequestFleet(settings, processes, max_concurrency, self.name) if processes > 1 else None
+
+    @property
+    def retries(self) -> int:
+        """Requests sent again over this generator's life, in every process."""
+        return self._retries + (self._fleet.retries if self._fleet is not None else 0)
 
     @property
     def model_id(self) -> str:
@@ -158,6 +171,8 @@ class OpenAICompatGenerator:
     def generate(
         self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None
     ) -> list[GenerationResult]:
+        if self._fleet is not None:
+            return self._fleet.generate(requests, on_result)
         results: list[GenerationResult | None] = [None] * len(requests)
         error: BaseException | None = None
         failed = threading.Event()  # once a request has given up, the others stop retrying
@@ -192,7 +207,7 @@ class OpenAICompatGenerator:
                     raise
             attempt += 1
             with self._count_lock:
-                self.retries += 1
+                self._retries += 1
             time.sleep(delay)
 
     def _attempt(self, request: GenerationRequest) -> GenerationResult:

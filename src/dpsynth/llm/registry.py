@@ -70,6 +70,7 @@ def _openai(cfg: GeneratorConfig) -> Generator:
         max_retries=cfg.max_retries,
         timeout=cfg.timeout,
         pacer=RatePacer(limits) if limits.paced else None,
+        processes=cfg.processes,
     )
 
 
