@@ -76,6 +76,36 @@ def test_only_runs_the_named_variants_and_what_they_are_compared_with(tmp_path: 
         run_grid(bench, tmp_path, log=lambda line: None, only=["q1"])
 
 
+def test_config_drift_names_the_first_changed_setting_and_skips_keys_one_side_lacks() -> None:
+    from dpsynth.bench.grid import config_drift
+
+    saved = {"fusegen": {"n": 600, "max_tokens": 64}, "generators": [{"model": "a", "threads": 1}], "old": 1}
+    assert config_drift(saved, {"fusegen": {"n": 600, "max_tokens": 64}, "generators": [{"model": "a"}],
+                                "new": 2}) is None
+    assert config_drift(saved, {"fusegen": {"n": 120, "max_tokens": 64}}) == "fusegen.n: 600 in the cell, 120 asked"
+    assert config_drift(saved, {"generators": [{"model": "b", "threads": 1}]}) == \
+        "generators.0.model: 'a' in the cell, 'b' asked"
+
+
+def test_a_finished_cell_run_with_other_settings_is_refused_not_reported(tmp_path: Path) -> None:
+    """The bench finds cells by name: a cell written under other settings (here FuseGen's default n=600 where
+    the config now asks n=120, the bug behind an unequal-calls comparison) must stop the bench, not be paired."""
+    import yaml
+
+    from dpsynth.bench.grid import run_grid
+
+    bench = BenchConfig.model_validate({"base": {**BASE, "fusegen": {"n": 120}}, "seeds": [0],
+                                        "variants": [{"name": "fusegen", "method": "fusegen"}]})
+    cell = cells(bench)[0]
+    root = tmp_path / "cells" / cell["name"]
+    root.mkdir(parents=True)
+    stale = parse_config({**cell["config"], "fusegen": {"n": 600}}).model_dump(mode="json")
+    (root / "config.yaml").write_text(yaml.safe_dump(stale))
+    (root / "metrics.json").write_text("{}")
+    with pytest.raises(DpsynthError, match=r"other settings \(fusegen.n: 600 in the cell, 120 asked\)"):
+        run_grid(bench, tmp_path, log=lambda line: None, run_missing=False)
+
+
 def test_federated_base_is_dropped_for_methods_without_private_votes() -> None:
     bench = BenchConfig.model_validate({
         "base": {**BASE, "federated": {"parties": 3}}, "seeds": [0],

@@ -185,6 +185,8 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
         else:
             if not cell_dir.is_finished() and not run_missing_here:
                 continue
+            if cell_dir.is_started() or cell_dir.is_finished():
+                _refuse_drift(cell, config, cell_dir)
             if not cell_dir.is_finished():
                 log(f"running {cell['name']}")
                 runner = (Run.resume(cell_dir.root, progress=progress) if cell_dir.is_started()
@@ -208,6 +210,41 @@ def _evaluated_as(cell_dir: RunDir, weights: str) -> bool:
 
     used = evaluated_weights(cell_dir.root)
     return used is not None and (used in ("run", "none") if weights == "auto" else used == weights)
+
+
+def config_drift(saved: Any, wanted: Any, path: str = "") -> str | None:
+    """The first setting at which a cell's saved config differs from what the bench asks for now, or None. Keys
+    only one side has are skipped (a setting added or dropped by another dpsynth version), as are lists of
+    different lengths' extra items."""
+    if isinstance(saved, dict) and isinstance(wanted, dict):
+        for key in [k for k in wanted if k in saved]:
+            found = config_drift(saved[key], wanted[key], f"{path}{key}.")
+            if found:
+                return found
+        return None
+    if isinstance(saved, list) and isinstance(wanted, list) and len(saved) == len(wanted):
+        for i, (a, b) in enumerate(zip(saved, wanted)):
+            found = config_drift(a, b, f"{path}{i}.")
+            if found:
+                return found
+        return None
+    return None if saved == wanted else f"{path.rstrip('.')}: {saved!r} in the cell, {wanted!r} asked"
+
+
+def _refuse_drift(cell: dict, config, cell_dir: RunDir) -> None:
+    """A cell run under other settings must not be reported (or resumed) as this variant: the bench's cells
+    are found by name only, so an edited config would otherwise pair results it did not ask for. Other
+    methods' sections are not compared (a run reads only its own)."""
+    saved = yaml.safe_load(cell_dir.config.read_text()) if cell_dir.config.exists() else None
+    if not isinstance(saved, dict):
+        return
+    wanted = config.model_dump(mode="json")
+    others = set(method_names()) - {config.method}
+    drift = config_drift({k: v for k, v in saved.items() if k not in others},
+                         {k: v for k, v in wanted.items() if k not in others})
+    if drift:
+        raise DpsynthError(f"{cell_dir.root}: this cell was run with other settings ({drift}); move it away to run "
+                           "it again, or bench into another directory")
 
 
 def _private_only(cell: dict, config, test) -> dict:
