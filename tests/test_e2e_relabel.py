@@ -44,6 +44,9 @@ def test_relabelling_changes_only_labels_and_releases_one_noisy_vector(tmp_path:
     assert [e["name"] for e in privacy["events"]] == ["relabel.centroids"]
     budget = _finish(_run(["budget", "--config", str(relabelled)], cache, tmp_path))
     assert f"epsilon spent: {privacy['epsilon']:.4f}" in budget and "epsilon spent" in out
+    flat = " ".join(out.split())  # the summary wraps at the terminal's width
+    assert f"label correction (private): {stage['moved']} of 16 samples moved" in flat
+
     (release,) = (tmp_path / "relabel" / "checkpoints" / "releases").glob("*.json")
     values = json.loads(release.read_text())["values"]
     assert len(values) == 2 * 384 and sum(float(v).is_integer() for v in values) == 0

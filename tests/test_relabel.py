@@ -6,6 +6,7 @@ release, the public control reads no private record)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -259,3 +260,30 @@ def test_a_resume_that_adds_or_drops_a_final_stage_is_refused(tmp_path: Path) ->
     (tmp_path / "run" / "a" / "config.yaml").write_text(yaml.safe_dump(saved))
     with pytest.raises(DpsynthError, match="final stages"):
         Run.resume(tmp_path / "run" / "a").execute()
+
+
+def test_the_run_summary_names_the_moves_and_the_gain_with_a_test_example_interval(tmp_path: Path) -> None:
+    """`dpsynth run`/`demo` print what the stage moved (and blend's shares) and the final set's macro-F1 gain over
+    the same texts before relabelling, paired by test example; no line without a reference set."""
+    from dpsynth.cli.runs import gain_lines, relabel_lines
+    from dpsynth.data.public import load_test
+    from dpsynth.runs.config import dump_config
+
+    stage = {"relabel": {"samples": 120, "moved": 9, "moved_to": {"ham": 9, "spam": 0}, "scoring": "blend",
+                         "private_reliability": {"ham": 0.97, "spam": 0.68}}}
+    (line,) = relabel_lines([{"iteration": 0}, stage])
+    assert "(blend): 9 of 120 samples moved (9 to ham, 0 to spam)" in line and "ham 0.97, spam 0.68" in line
+    assert relabel_lines([{"iteration": 0}]) == []
+
+    raw = _config(tmp_path, "zero-shot")
+    raw["data"] = {"corpus": "trec", "m": 20}
+    config = parse_config(raw)
+    (tmp_path / "config.yaml").write_text(dump_config(config))
+    truth = list(load_test(config).labels)
+    wrong = [truth[(i + 1) % len(truth)] if i % 2 else t for i, t in enumerate(truth)]  # every other one off
+    evaluation = {"zero-shot": {"predicted": truth}, "before_relabelling": {"predicted": wrong}}
+    lines = gain_lines(tmp_path, "zero-shot", evaluation)
+    assert "gain from the private data" in lines[0] and "over the same texts with the labels" in lines[0]
+    gain, low, high = (float(x) for x in re.findall(r"[+-]\d+\.\d+", lines[0])[:3])
+    assert 0 < low < gain < high, "a real gain, with an interval around it"
+    assert gain_lines(tmp_path, "zero-shot", {"zero-shot": {"predicted": truth}}) == []
