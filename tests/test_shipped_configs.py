@@ -28,5 +28,6 @@ def test_shipped_config_validates(path: Path) -> None:
         load_config(path)
 
 
-def test_packaged_demo_config_validates() -> None:
-    parse_config(yaml.safe_load(files("dpsynth.configs").joinpath("demo.yaml").read_text()), "demo.yaml")
+@pytest.mark.parametrize("name", ["demo.yaml", "demo_wasp.yaml"])
+def test_packaged_demo_configs_validate(name: str) -> None:
+    parse_config(yaml.safe_load(files("dpsynth.configs").joinpath(name).read_text()), name)
