@@ -232,7 +232,7 @@ def test_run_summary_prints_any_method_and_the_federation(capsys) -> None:
                "evaluation": evaluation, "federated": fed, "timings": {"wall": 10.0, "generator_calls": 8.0}}
     _print_summary(Path("run"), {"metrics": metrics, "summary": ["epsilon spent: 4"]})
     out = capsys.readouterr().out
-    assert "augpe (all iterations): accuracy 0.6000" in out and "3 parties (secagg+" in out and "22.0 kB" in out
+    assert "the final set (augpe): accuracy 0.6000" in out and "3 parties (secagg+" in out and "22.0 kB" in out
 
 
 def test_per_party_files_keep_each_partys_records_together(tmp_path: Path) -> None:
