@@ -313,10 +313,12 @@ class _Echo(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     fail_first = 0
+    delay = 0.0
     lock = threading.Lock()
 
     def do_POST(self) -> None:  # noqa: N802
         asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(_Echo.delay)
         with _Echo.lock:
             fail, _Echo.fail_first = _Echo.fail_first > 0, max(0, _Echo.fail_first - 1)
         if fail:
@@ -387,3 +389,21 @@ def test_processes_are_refused_where_they_cannot_apply() -> None:
     with pytest.raises(ValidationError, match="rate limits pace one process"):
         GeneratorConfig(kind="openai", model="m", processes=2, requests_per_minute=60)
     assert GeneratorConfig(kind="openai", model="m", processes=4).processes == 4
+
+
+def test_a_request_process_that_dies_is_one_clear_error_not_a_hang() -> None:
+    from dpsynth.errors import DpsynthError
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Echo.delay = 0.5
+    try:
+        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", processes=2,
+                                    max_concurrency=4)
+        assert gen._fleet is not None
+        threading.Timer(0.2, gen._fleet._workers[0].kill).start()  # while its first requests are in flight
+        with pytest.raises(DpsynthError, match="a request process exited"):
+            gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(12)])
+    finally:
+        _Echo.delay = 0.0
+        server.shutdown()
