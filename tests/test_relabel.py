@@ -202,10 +202,11 @@ def test_the_public_control_reads_no_private_record_and_spends_nothing(tmp_path:
     assert json.loads((run / "metrics.json").read_text())["iterations"][-1]["relabel"]["scoring"] == "public"
 
 
-def test_a_crash_in_the_stage_resumes_without_a_second_release(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scoring", ["private", "blend"])
+def test_a_crash_in_the_stage_resumes_without_a_second_release(tmp_path: Path, scoring: str) -> None:
     from dpsynth.runs.engine import Run
 
-    cfg = parse_config(_relabel_config(tmp_path))
+    cfg = parse_config(_relabel_config(tmp_path, scoring=scoring))
     run = Run.create(cfg, tmp_path / "run")
     original = run._relabel
 

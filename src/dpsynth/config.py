@@ -233,6 +233,11 @@ class RelabelConfig(FinalStageNoise):
     min_z: float = Field(2.0, ge=0, description="a sample moves only when its cosine gap is at least this many "
                          "noise standard deviations of the gap (estimated from the noisy sums; 0: no test)")
 
+    @property
+    def reads_private_records(self) -> bool:
+        """Every scoring but the public control spends the one release of the private records' sums."""
+        return self.scoring != "public"
+
 
 class RunConfig(BaseModel):
     """Shared sections plus method sections (extra keys, validated by the methods' options models)."""
@@ -307,7 +312,7 @@ class RunConfig(BaseModel):
 
 def has_private_final_stage(config: RunConfig) -> bool:
     """A final stage that reads the private records (DP resampling, DP label correction), whatever the method."""
-    return config.resample is not None or (config.relabel is not None and config.relabel.scoring != "public")
+    return config.resample is not None or (config.relabel is not None and config.relabel.reads_private_records)
 
 
 def records_per_unit(config: RunConfig) -> int:

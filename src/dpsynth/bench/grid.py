@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from dpsynth.config import RelabelConfig
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir
 from dpsynth.methods.registry import method_class, method_names
@@ -98,8 +99,9 @@ def cells(bench: BenchConfig) -> list[dict]:
         alone = cls is not None and cls.one_generator_per_run
         plm_sets = [[g] for g in generators] if alone else [generators]
         merged = _merge(bench.base, v.overrides)
-        final_stage = merged.get("resample") is not None or \
-            (merged.get("relabel") is not None and (merged["relabel"] or {}).get("scoring", "private") != "public")
+        final_stage = merged.get("resample") is not None or (merged.get("relabel") is not None and
+                                                            RelabelConfig.model_validate(merged["relabel"] or {})
+                                                            .reads_private_records)
         private_votes = cls is not None and (cls.uses_private_data or final_stage)
         # DP label proportions are a private release too: such a cell has an epsilon even without votes.
         dp_labels = cls is not None and (merged.get("privacy") or {}).get("label_proportions") == "dp"

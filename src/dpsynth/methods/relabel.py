@@ -51,7 +51,7 @@ def relabel_schedule(config: RunConfig, before: Schedule) -> Schedule:
     """The stage's one release: fixed sigma, a share of epsilon, or (when nothing else has a free knob) the
     whole budget. `before`: the rest of the run's schedule. The public control releases nothing."""
     r = config.relabel
-    if r is None or r.scoring == "public":
+    if r is None or not r.reads_private_records:
         return Schedule((), ())
     sens = signed_unit_sensitivity(config.privacy.adjacency, max_records_per_user=records_per_unit(config))
     knob = final_stage_knob(RELABEL_SIGMA, r, before, "relabel",
@@ -95,6 +95,11 @@ def gap_noise(synthetic: np.ndarray, own: Sequence[int] | np.ndarray, centroids:
     return sigma * reach[:, None] * np.sqrt(inv2[np.asarray(own, dtype=np.int64)][:, None] + inv2[None, :])
 
 
+def cosine_scores(synthetic: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """(samples x labels): each sample's cosine to each label's centroid."""
+    return unit_rows(synthetic) @ unit_rows(centroids).T
+
+
 def private_reliability(centroids: np.ndarray, sigma: float, dims: int) -> np.ndarray:
     """Per label, the share of a noisy centroid's energy that is signal: max(0, 1 - dims sigma^2 / |c|^2), with
     `dims` the dimensions the centroid keeps after denoising (noise of std sigma adds dims sigma^2 to |c|^2 in
@@ -108,15 +113,14 @@ def blended_scores(synthetic: np.ndarray, private: np.ndarray, public: np.ndarra
     """(samples x labels): each label's score is a_c cos(x, private_c) + (1 - a_c) cos(x, public_c): the noisy
     private centroid where it is mostly signal, the public label description where it is mostly noise (a_c:
     `private_reliability`). With a_c = 1 it is the private rule, with a_c = 0 the public control's."""
-    x = unit_rows(synthetic)
     a = np.asarray(reliability, dtype=np.float64)[None, :]
-    return a * (x @ unit_rows(private).T) + (1.0 - a) * (x @ unit_rows(public).T)
+    return a * cosine_scores(synthetic, private) + (1.0 - a) * cosine_scores(synthetic, public)
 
 
 def corrected_labels(synthetic: np.ndarray, label_ids: Sequence[int] | np.ndarray, centroids: np.ndarray,
                      margin: float, noise: np.ndarray | None = None, min_z: float = 0.0) -> np.ndarray:
     """Each sample's label after correction by cosine to `centroids` (`labels_by_scores`)."""
-    return labels_by_scores(unit_rows(synthetic) @ unit_rows(centroids).T, label_ids, margin, noise, min_z)
+    return labels_by_scores(cosine_scores(synthetic, centroids), label_ids, margin, noise, min_z)
 
 
 def labels_by_scores(scores: np.ndarray, label_ids: Sequence[int] | np.ndarray, margin: float,
@@ -146,24 +150,22 @@ def relabel_stage(options: RelabelConfig, *, samples: list[SyntheticSample], emb
         raise DpsynthError("relabel: the method produced no samples to relabel")
     n_labels = len(label_names)
     basis = synthetic_basis(embeddings, options.subspace)
-    public = denoise_in_synthetic_span(np.asarray(public_centroids(), dtype=np.float64), basis) \
-        if options.scoring != "private" else None
     reliability = None
-    if options.scoring == "public":
-        assert public is not None
+    if not options.reads_private_records:  # the public control
+        public = denoise_in_synthetic_span(np.asarray(public_centroids(), dtype=np.float64), basis)
         new = corrected_labels(embeddings, label_ids, public, options.margin)
     else:
         placeholder = np.zeros((n_labels, embeddings.shape[1]))
         sums = holder.noisy_votes(VoteSpec(kind="embedding_sums"), placeholder, np.arange(n_labels),
                                   release=release)
         denoised = denoise_in_synthetic_span(np.asarray(sums, dtype=np.float64).reshape(n_labels, -1), basis)
-        dims = basis.shape[1] if basis is not None else embeddings.shape[1]
         if options.scoring == "blend" and sigma > 0:
-            assert public is not None
+            dims = basis.shape[1] if basis is not None else embeddings.shape[1]
             reliability = private_reliability(denoised, sigma, dims)
+            public = denoise_in_synthetic_span(np.asarray(public_centroids(), dtype=np.float64), basis)
             scores = blended_scores(embeddings, denoised, public, reliability)
-        else:  # private, or blend without noise (every centroid all signal)
-            scores = unit_rows(embeddings) @ unit_rows(denoised).T
+        else:  # private, or blend without noise (every centroid all signal: the private rule)
+            scores = cosine_scores(embeddings, denoised)
         noise = gap_noise(embeddings, label_ids, denoised, sigma, basis, reliability) if sigma > 0 else None
         new = labels_by_scores(scores, label_ids, options.margin, noise, options.min_z)
     out = [s if new[i] == label_ids[i] else replace(s, label=label_names[int(new[i])])
