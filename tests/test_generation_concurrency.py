@@ -84,3 +84,87 @@ def test_samples_do_not_depend_on_who_answers_first(tmp_path: Path) -> None:
 def _tmp_dirs(tmp_path: Path) -> None:
     (tmp_path / "p").mkdir()
     (tmp_path / "s").mkdir()
+
+
+class _Shuffled:
+    """A backend whose answers arrive in a seeded random order, a seeded share of them unusable (empty) or the
+    same text as another request's (one of a few shared texts); every request it is sent is recorded."""
+
+    def __init__(self, name: str, remote: bool, seed: int, log: list, slow_last: threading.Event | None = None):
+        self.name, self.runs_remotely, self._seed, self._log, self._slow_last = name, remote, seed, log, slow_last
+        self.held_back: list[bool] = []  # per held-back answer: was a replacement asked while it waited
+
+    model_id = property(lambda self: f"shuffled:{self.name}")
+    chat = True
+
+    def _text(self, request: GenerationRequest) -> str:
+        draw = (request.seed * 7919 + self._seed) % 100
+        if draw < 20:
+            return ""
+        if draw < 45:
+            return f"one of the few texts everybody writes, number {draw % 3}"
+        return f"{self.name} writes something of its own, {request.seed}"
+
+    def generate(self, requests: Sequence[GenerationRequest],
+                 on_result: ResultCallback | None = None) -> list[GenerationResult]:
+        import random
+
+        self._log.extend((self.name, r.seed, time.monotonic()) for r in requests)
+        out = [GenerationResult(self._text(r), 3, 5) for r in requests]
+        order = list(range(len(requests)))
+        random.Random(self._seed + len(requests)).shuffle(order)
+        for k, i in enumerate(order):
+            if self._slow_last is not None and len(requests) > 1 and k == len(order) - 1:
+                # the first batch's last answer waits for a replacement to be asked
+                self.held_back.append(self._slow_last.wait(10))
+            time.sleep(0.001)
+            if on_result:
+                on_result(i, out[i])
+        return out
+
+
+def _shuffled_run(tmp_path: Path, remote: bool, seed: int, existing=(), slow_last=None):
+    log: list = []
+    cache = RequestCache(tmp_path / f"cache-{remote}-{seed}.sqlite")
+    gens = {n: CachedGenerator(_Shuffled(n, remote, seed, log, slow_last), cache) for n in ("a", "b")}
+    plans = [GenerationPlan("a", {"positive": 6, "negative": 5}), GenerationPlan("b", {"positive": 5, "negative": 6})]
+    samples, stats = generate_samples(1, plans=plans, generators=gens, existing=list(existing), max_attempts=4,
+                                      make_requests=zero_shot_requests(TASK, PromptSettings(), seed, "t"))
+    return samples, stats, log
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_early_replacements_ask_the_same_requests_and_keep_the_same_samples(tmp_path: Path, seed: int) -> None:
+    """API generators ask the replacements of dropped answers while the first batch is in flight; answers arrive
+    in any order, with empty ones and duplicates across PLMs and attempts. The requests sent (none more, none
+    fewer), the samples and the stats equal those of the plain pass, attempt after attempt."""
+    from dpsynth.methods.generation import SyntheticSample
+
+    earlier = [SyntheticSample(0, "one of the few texts everybody writes, number 1", "positive", "a", 0)]
+    early, early_stats, early_log = _shuffled_run(tmp_path, True, seed, earlier)
+    plain, plain_stats, plain_log = _shuffled_run(tmp_path, False, seed, earlier)
+    assert sorted((n, s) for n, s, _ in early_log) == sorted((n, s) for n, s, _ in plain_log)
+    assert [(x.id, x.plm, x.label, x.text) for x in early] == [(x.id, x.plm, x.label, x.text) for x in plain]
+    assert early_stats == plain_stats
+    assert sum(sum(s["dropped"].values()) for s in plain_stats.values()) > 0, "the case re-asks"
+
+
+def test_a_replacement_is_asked_before_the_first_batch_is_answered(tmp_path: Path) -> None:
+    """The first batch's last answer is held back until a replacement has been sent (for at most 10 s): the
+    replacement must go out while the batch is still in flight, not after it."""
+    release = threading.Event()
+
+    class Watching(list):
+        def extend(self, items) -> None:
+            items = list(items)
+            super().extend(items)
+            if len(items) == 1:  # a replacement (the first batches have more requests)
+                release.set()
+
+    log = Watching()
+    cache = RequestCache(tmp_path / "cache.sqlite")
+    backend = _Shuffled("a", True, 3, log, release)
+    generate_samples(0, plans=[GenerationPlan("a", {"positive": 6, "negative": 6})],
+                     generators={"a": CachedGenerator(backend, cache)}, existing=[], max_attempts=3,
+                     make_requests=zero_shot_requests(TASK, PromptSettings(), 3, "t"))
+    assert backend.held_back == [True]

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -316,10 +317,17 @@ class _Echo(BaseHTTPRequestHandler):
     delay = 0.0
     lock = threading.Lock()
 
+    in_flight = 0
+    most_in_flight = 0
+
     def do_POST(self) -> None:  # noqa: N802
         asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with _Echo.lock:
+            _Echo.in_flight += 1
+            _Echo.most_in_flight = max(_Echo.most_in_flight, _Echo.in_flight)
         time.sleep(_Echo.delay)
         with _Echo.lock:
+            _Echo.in_flight -= 1
             fail, _Echo.fail_first = _Echo.fail_first > 0, max(0, _Echo.fail_first - 1)
         if fail:
             body, status = b'{"error": {"message": "busy"}}', 503
@@ -404,6 +412,28 @@ def test_a_request_process_that_dies_is_one_clear_error_not_a_hang() -> None:
         threading.Timer(0.2, gen._fleet._workers[0].kill).start()  # while its first requests are in flight
         with pytest.raises(DpsynthError, match="a request process exited"):
             gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(12)])
+    finally:
+        _Echo.delay = 0.0
+        server.shutdown()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_calls_from_several_threads_share_the_concurrency_limit_and_get_their_own_answers(processes: int) -> None:
+    """A run asks for replacements while a batch is in flight (methods/generation.py): calls from three threads
+    at once each get their own answers, in order, and the server never sees more than max_concurrency."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Echo.delay, _Echo.most_in_flight = 0.05, 0
+    try:
+        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", processes=processes,
+                                    max_concurrency=4)
+        batches = [[GenerationRequest(messages=(("user", f"call {c} text {i}"),)) for i in range(n)]
+                   for c, n in enumerate((12, 1, 5))]
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            outs = list(pool.map(gen.generate, batches))
+        assert [[r.text for r in out] for out in outs] == [[f"call {c} text {i}" for i in range(len(b))]
+                                                           for c, b in enumerate(batches)]
+        assert _Echo.most_in_flight <= 4
     finally:
         _Echo.delay = 0.0
         server.shutdown()

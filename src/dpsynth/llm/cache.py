@@ -219,10 +219,30 @@ class CachedGenerator:
         self.usage = usage or Usage()
         self.guard = guard
         self.name = inner.name
+        # Threads may call `generate` at once (replacements asked while a batch is in flight): usage is counted
+        # under a lock, and generation time is the time at least one call was sending, not the calls' sum.
+        self._lock = threading.Lock()
+        self._sending = 0
+        self._sending_since = 0.0
+        self._retries_before = 0
 
     @property
     def model_id(self) -> str:
         return self.inner.model_id
+
+    def _started_sending(self) -> None:
+        with self._lock:
+            if self._sending == 0:
+                self._sending_since = time.perf_counter()
+                self._retries_before = self._backend_retries()
+            self._sending += 1
+
+    def _stopped_sending(self) -> None:
+        with self._lock:
+            self._sending -= 1
+            if self._sending == 0:
+                self.usage.generation_seconds += time.perf_counter() - self._sending_since
+                self.usage.retries += self._backend_retries() - self._retries_before
 
     def _backend_retries(self) -> int:
         """Retries the backend has made so far (API backends count them; others have none)."""
@@ -248,7 +268,8 @@ class CachedGenerator:
 
         def deliver(i: int, result: GenerationResult) -> None:
             results[i] = result
-            self.usage.add(result)
+            with self._lock:
+                self.usage.add(result)
             if on_result:
                 on_result(i, result)
 
@@ -299,8 +320,7 @@ class CachedGenerator:
 
         renewer = threading.Thread(target=renew, name="dpsynth-claims", daemon=True)
         renewer.start()
-        start = time.perf_counter()
-        retries_before = self._backend_retries()
+        self._started_sending()
         try:
             allowed = len(indices) if self.guard is None else self.guard.admit([requests[i] for i in indices])
             self.inner.generate([requests[i] for i in indices[:allowed]], on_result=store)
@@ -308,7 +328,6 @@ class CachedGenerator:
             stop.set()
             renewer.join()
             self.cache.release_claims([keys[i] for i in indices])
-            self.usage.generation_seconds += time.perf_counter() - start
-            self.usage.retries += self._backend_retries() - retries_before
+            self._stopped_sending()
         if allowed < len(indices) and self.guard is not None:
             raise self.guard.reached()

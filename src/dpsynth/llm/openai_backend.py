@@ -149,6 +149,9 @@ class OpenAICompatGenerator:
         self._pacer = pacer  # client-side requests / tokens per minute, applied to every attempt
         self._count_lock = threading.Lock()
         self._retries = 0  # requests sent again by this process
+        # max_concurrency holds across calls: a run may ask this generator for replacements of dropped answers
+        # while its main batch is still in flight (methods/generation.py)
+        self._slots = threading.BoundedSemaphore(max_concurrency)
         if processes > 1 and pacer is not None:
             raise DpsynthError(f"generator {self.name}: client-side rate limits pace one process; set processes: 1")
         settings = dict(model=model, base_url=base_url, api_key_env=api_key_env, name=self.name, chat=chat,
@@ -177,7 +180,7 @@ class OpenAICompatGenerator:
         error: BaseException | None = None
         failed = threading.Event()  # once a request has given up, the others stop retrying
         with ThreadPoolExecutor(max_workers=self._max_concurrency) as pool:
-            futures = {pool.submit(self._one, r, failed): i for i, r in enumerate(requests)}
+            futures = {pool.submit(self._one_in_slot, r, failed): i for i, r in enumerate(requests)}
             for future in as_completed(futures):
                 if future.cancelled():
                     continue
@@ -195,6 +198,10 @@ class OpenAICompatGenerator:
         if error is not None:
             raise self._explain(error) from error
         return [r for r in results if r is not None]
+
+    def _one_in_slot(self, request: GenerationRequest, failed: threading.Event) -> GenerationResult:
+        with self._slots:
+            return self._one(request, failed)
 
     def _one(self, request: GenerationRequest, failed: threading.Event | None = None) -> GenerationResult:
         attempt = 0

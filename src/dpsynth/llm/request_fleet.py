@@ -13,6 +13,7 @@ the others from retrying, as in the one-process path.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import multiprocessing as mp
 import queue
@@ -32,6 +33,7 @@ POLL_SECONDS = 1.0  # how often the parent checks that its workers are alive whi
 
 @dataclass(frozen=True)
 class _Answer:
+    call: int  # which `generate` call sent the request
     index: int
     worker: int
     retries: int  # the worker's retries so far (cumulative, so the parent can count them once)
@@ -52,12 +54,12 @@ def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbo
     free = threading.Semaphore(threads)
     outbox.put(worker)  # ready: its imports and client are done
 
-    def finish(index: int, future: Future) -> None:
+    def finish(call: int, index: int, future: Future) -> None:
         err = future.exception()
         if err is None:
-            outbox.put(_Answer(index, worker, gen.retries, future.result(), None))
+            outbox.put(_Answer(call, index, worker, gen.retries, future.result(), None))
         else:
-            outbox.put(_Answer(index, worker, gen.retries, None, _explained(gen, err)))
+            outbox.put(_Answer(call, index, worker, gen.retries, None, _explained(gen, err)))
         free.release()
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -66,12 +68,12 @@ def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbo
             item = inbox.get()
             if item is None:
                 return
-            index, request = item
+            call, index, request = item
             if failed.is_set():  # another request gave up: answer without sending
-                outbox.put(_Answer(index, worker, gen.retries, None, "cancelled"))
+                outbox.put(_Answer(call, index, worker, gen.retries, None, "cancelled"))
                 free.release()
                 continue
-            pool.submit(gen._one, request, failed).add_done_callback(functools.partial(finish, index))
+            pool.submit(gen._one, request, failed).add_done_callback(functools.partial(finish, call, index))
 
 
 def _shut_down(inbox: Any, workers: list[Any]) -> None:
@@ -83,45 +85,121 @@ def _shut_down(inbox: Any, workers: list[Any]) -> None:
             w.terminate()
 
 
+class _Router:
+    """The parent's reader of the workers' answers (its own thread): each answer goes to the `generate` call
+    that sent it, the workers' retries are counted once, and a dead worker becomes every call's error. It holds
+    no reference to the fleet, so that the fleet can be garbage-collected (and its workers stopped)."""
+
+    def __init__(self, outbox: Any, workers: list[Any], name: str) -> None:
+        self.outbox, self.workers, self.name = outbox, workers, name
+        self.lock = threading.Lock()
+        self.calls: dict[int, queue.SimpleQueue] = {}  # call id -> its answers (or the fleet's error)
+        self.seen = [0] * len(workers)
+        self.retries = 0
+        self.broken: DpsynthError | None = None
+
+    def next(self, kind: type[T]) -> T:
+        """The next message from the workers (a ready signal or an answer), checking that they are alive."""
+        while True:
+            try:
+                message = self.outbox.get(timeout=POLL_SECONDS)
+                assert isinstance(message, kind)
+                return message
+            except queue.Empty:
+                dead = [w for w in self.workers if not w.is_alive()]
+                if dead:
+                    raise DpsynthError(
+                        f"{self.name}: a request process exited (code {dead[0].exitcode}); the answers received are "
+                        "cached, run again to resume") from None
+
+    def run(self) -> None:
+        while True:
+            try:
+                answer = self.next(_Answer)
+            except DpsynthError as err:
+                with self.lock:
+                    self.broken = err
+                    for waiting in self.calls.values():
+                        waiting.put(err)
+                return
+            with self.lock:
+                if answer.retries > self.seen[answer.worker]:
+                    self.retries += answer.retries - self.seen[answer.worker]
+                    self.seen[answer.worker] = answer.retries
+                caller = self.calls.get(answer.call)
+            if caller is not None:
+                caller.put(answer)
+
+
 class RequestFleet:
     """`processes` worker processes sending one generator's requests: started with the generator (so that their
     start-up counts as loading, not as generation), kept for its life, stopped when it is garbage-collected or
-    the interpreter exits."""
+    the interpreter exits. Several threads may call `generate` at once (a run asks for replacements of dropped
+    answers while its main batch is in flight): together they keep at most `max_concurrency` requests out."""
 
     def __init__(self, settings: dict[str, Any], processes: int, concurrency: int, name: str) -> None:
         ctx = mp.get_context("spawn")  # not fork: the parent may hold threads (torch, the engine's)
         threads = max(1, math.ceil(concurrency / processes))
-        self._limit = threads * processes
-        self._name = name
-        self._inbox, self._outbox, self._failed = ctx.Queue(), ctx.Queue(), ctx.Event()
-        self._workers = [ctx.Process(target=_work, args=(w, settings, threads, self._inbox, self._outbox,
-                                                           self._failed), daemon=True, name=f"{name}-requests-{w}")
-                         for w in range(processes)]
-        for w in self._workers:
+        self._slots = threading.BoundedSemaphore(threads * processes)
+        self._inbox, outbox, self._failed = ctx.Queue(), ctx.Queue(), ctx.Event()
+        workers = [ctx.Process(target=_work, args=(w, settings, threads, self._inbox, outbox, self._failed),
+                               daemon=True, name=f"{name}-requests-{w}") for w in range(processes)]
+        self._workers = workers
+        for w in workers:
             w.start()
-        for _ in self._workers:
-            self._next(int)
-        self._seen = [0] * processes
-        self.retries = 0
-        weakref.finalize(self, _shut_down, self._inbox, self._workers)
+        self._router = _Router(outbox, workers, name)
+        for _ in workers:
+            self._router.next(int)
+        self._call_ids = itertools.count()
+        threading.Thread(target=self._router.run, name=f"{name}-answers", daemon=True).start()
+        weakref.finalize(self, _shut_down, self._inbox, workers)
+
+    @property
+    def retries(self) -> int:
+        """Requests the workers sent again, over the fleet's life."""
+        return self._router.retries
 
     def generate(self, requests: Sequence[GenerationRequest],
                  on_result: ResultCallback | None = None) -> list[GenerationResult]:
-        self._failed.clear()
+        router = self._router
+        answers: queue.SimpleQueue = queue.SimpleQueue()
+        with router.lock:
+            if router.broken is not None:
+                raise router.broken
+            if not router.calls:  # a failure stops the calls in flight with it, not the next ones
+                self._failed.clear()
+            call = next(self._call_ids)
+            router.calls[call] = answers
+        try:
+            return self._collect(call, answers, requests, on_result)
+        finally:
+            with router.lock:
+                del router.calls[call]
+
+    def _collect(self, call: int, answers: queue.SimpleQueue, requests: Sequence[GenerationRequest],
+                 on_result: ResultCallback | None) -> list[GenerationResult]:
         results: list[GenerationResult | None] = [None] * len(requests)
-        todo = iter(enumerate(requests))
+        todo = list(enumerate(requests))[::-1]
         in_flight, error = 0, None
         while True:
-            while error is None and in_flight < self._limit and (item := next(todo, None)) is not None:
-                self._inbox.put(item)
+            while error is None and todo:
+                # a free slot for the next request; waited for only while this call has no answer to wait for
+                if not self._slots.acquire(timeout=POLL_SECONDS if in_flight == 0 else 0):
+                    if in_flight == 0 and self._router.broken is not None:
+                        raise self._router.broken
+                    if in_flight:
+                        break
+                    continue
+                index, request = todo.pop()
+                self._inbox.put((call, index, request))
                 in_flight += 1
             if in_flight == 0:
                 break
-            answer = self._next(_Answer)
+            answer = answers.get()
+            if isinstance(answer, DpsynthError):
+                raise answer
             in_flight -= 1
-            if answer.retries > self._seen[answer.worker]:
-                self.retries += answer.retries - self._seen[answer.worker]
-                self._seen[answer.worker] = answer.retries
+            self._slots.release()
             if answer.error is not None:
                 if error is None:
                     error = answer.error
@@ -133,17 +211,3 @@ class RequestFleet:
         if error is not None:
             raise DpsynthError(error)
         return [r for r in results if r is not None]
-
-    def _next(self, kind: type[T]) -> T:
-        """The next message from the workers (a ready signal or an answer), checking that they are alive."""
-        while True:
-            try:
-                message = self._outbox.get(timeout=POLL_SECONDS)
-                assert isinstance(message, kind)
-                return message
-            except queue.Empty:
-                dead = [w for w in self._workers if not w.is_alive()]
-                if dead:
-                    raise DpsynthError(
-                        f"{self._name}: a request process exited (code {dead[0].exitcode}); the answers received are "
-                        "cached, run again to resume") from None

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
 import numpy as np
 
 from dpsynth.data.records import TaskSpec
-from dpsynth.llm.base import GenerationRequest
+from dpsynth.llm.base import GenerationRequest, GenerationResult
 from dpsynth.llm.cache import CachedGenerator
 from dpsynth.prompts.builder import PromptSettings, build_request
 from dpsynth.prompts.cleaning import CleaningStats, clean_generation
@@ -108,20 +110,27 @@ def generate_samples(
 
     Each attempt asks every PLM its batch; API generators are asked side by side (each keeps its own
     concurrency limit), local models one after another (they share the cores). Answers are cleaned and
-    de-duplicated in plan order afterwards, so the samples do not depend on which server answered first."""
+    de-duplicated in plan order afterwards, so the samples do not depend on which server answered first. With
+    API generators the replacements of dropped answers are asked while the first batch is still in flight
+    (`_Replacements`): the same requests as the attempts after it would send, a round of latency sooner."""
     seen = {(x.label, x.text.lower()) for x in existing}
     kept: dict[str, list[tuple[str, str]]] = {p.plm: [] for p in plans}
     cleaning = {p.plm: CleaningStats() for p in plans}
     wanted = {p.plm: dict(p.per_label) for p in plans}
     target = {p.plm: sum(p.per_label.values()) for p in plans}
-    done = dict.fromkeys(target, 0)
+    progress = _Progress(target, on_progress)
+    early = (_Replacements(plans, generators, existing, make_requests, max_attempts, progress)
+             if _Replacements.apply(plans, generators, max_attempts) else None)
     for attempt in range(max_attempts):
         asking = [p.plm for p in plans if sum(wanted[p.plm].values()) > 0]
         if not asking:
             break
         batches = {plm: make_requests(GenerationPlan(plm, dict(wanted[plm])), attempt, generators[plm].chat)
                    for plm in asking}
-        answers = _ask_all(batches, generators, done, target, on_progress)
+        if early is not None and attempt == 0:
+            answers = early.ask_first(batches)
+        else:
+            answers = _ask_all(batches, generators, progress, known=early.answers if early is not None else {})
         for plm in asking:
             for (label, _), result in zip(batches[plm], answers[plm]):
                 text, reason = clean_generation(result.text)
@@ -142,21 +151,141 @@ def generate_samples(
     return new, stats
 
 
+class _Progress:
+    """Answers per PLM, reported as they arrive (from several threads)."""
+
+    def __init__(self, target: dict[str, int], report: Callable[[str, int, int], None] | None) -> None:
+        self.target, self.report = target, report
+        self.done = dict.fromkeys(target, 0)
+        self.lock = threading.Lock()
+
+    def answered(self, plm: str) -> None:
+        with self.lock:
+            self.done[plm] += 1
+            if self.report:
+                self.report(plm, self.done[plm], self.target[plm])
+
+
 def _ask_all(batches: dict[str, list[tuple[str, GenerationRequest]]], generators: dict[str, CachedGenerator],
-             done: dict[str, int], target: dict[str, int],
-             on_progress: Callable[[str, int, int], None] | None) -> dict[str, list]:
-    """Every PLM's batch: side by side when all of them are API generators, else one after another."""
+             progress: _Progress, *, known: dict[GenerationRequest, GenerationResult],
+             listen: Callable[[str, int, GenerationResult], None] | None = None) -> dict[str, list]:
+    """Every PLM's batch: side by side when all of them are API generators, else one after another. Requests
+    in `known` (replacements answered early) are not asked again; `listen(plm, i, result)` hears each answer
+    to the i-th request of a PLM's batch as it arrives."""
 
     def ask(plm: str) -> list:
-        def progress(_: int, __: object) -> None:
-            done[plm] += 1
-            if on_progress:
-                on_progress(plm, done[plm], target[plm])
+        requests = [r for _, r in batches[plm]]
+        missing = [i for i, r in enumerate(requests) if r not in known]
 
-        return generators[plm].generate([r for _, r in batches[plm]], on_result=progress)
+        def heard(j: int, result: GenerationResult) -> None:
+            progress.answered(plm)
+            if listen:
+                listen(plm, missing[j], result)
+
+        asked = iter(generators[plm].generate([requests[i] for i in missing], on_result=heard) if missing else [])
+        return [known[r] if r in known else next(asked) for r in requests]
 
     if len(batches) > 1 and all(generators[plm].remote for plm in batches):
         with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="dpsynth-plm") as pool:
             futures = {plm: pool.submit(ask, plm) for plm in batches}
             return {plm: f.result() for plm, f in futures.items()}
     return {plm: ask(plm) for plm in batches}
+
+
+class _Replacements:
+    """Replacements for dropped answers, asked while the first batch is still in flight (API generators).
+
+    Which answers the plan-order pass of `generate_samples` drops is known as the answers arrive: an answer that
+    cleaning refuses is dropped wherever it stands, and of two with the same text the one later in that order
+    (attempt, PLM, label, index) is. So the drops of each PLM, label and attempt only ever grow, and the j-th of
+    them is replaced by exactly the request that pass makes for it: make_requests' j-th request of the next
+    attempt for that PLM and label (every method's requests depend on their index, not on how many are asked).
+    Asked at once, it is answered about when the first batch is, a round of latency sooner; the samples, the
+    requests and their count are the same. Not with spend caps: those are checked before each batch is sent."""
+
+    @staticmethod
+    def apply(plans: Sequence[GenerationPlan], generators: dict[str, CachedGenerator], max_attempts: int) -> bool:
+        return max_attempts > 1 and all(generators[p.plm].remote and generators[p.plm].guard is None for p in plans)
+
+    def __init__(self, plans: Sequence[GenerationPlan], generators: dict[str, CachedGenerator],
+                 existing: Sequence[SyntheticSample], make_requests: RequestMaker, max_attempts: int,
+                 progress: _Progress) -> None:
+        self.plms = [p.plm for p in plans]
+        self.labels = {p.plm: list(p.per_label) for p in plans}
+        self.generators, self.make_requests, self.max_attempts = generators, make_requests, max_attempts
+        self.progress = progress
+        # (label, text) -> the position of the answer that keeps it: (attempt, PLM, label, index); (-1,): earlier
+        self.holder: dict[tuple[str, str], tuple[int, ...]] = {(x.label, x.text.lower()): (-1,) for x in existing}
+        self.drops: dict[tuple[str, str, int], int] = {}
+        self.answers: dict[GenerationRequest, GenerationResult] = {}
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="dpsynth-replacements")
+        self.futures: list[Future] = []
+
+    def ask_first(self, batches: dict[str, list[tuple[str, GenerationRequest]]]) -> dict[str, list]:
+        """The first attempt's answers; the replacements it needs (and theirs) asked and answered meanwhile."""
+        index = {plm: _label_indices(batch) for plm, batch in batches.items()}
+
+        def listen(plm: str, i: int, result: GenerationResult) -> None:
+            self.heard(plm, batches[plm][i][0], 0, index[plm][i], result)
+
+        try:
+            answers = _ask_all(batches, self.generators, self.progress, known={}, listen=listen)
+            self.wait()
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        return answers
+
+    def heard(self, plm: str, label: str, attempt: int, j: int, result: GenerationResult) -> None:
+        text, _ = clean_generation(result.text)
+        with self.lock:
+            if text is None:
+                self.dropped(plm, label, attempt)
+                return
+            key, mine = (label, text.lower()), (attempt, self.plms.index(plm), self.labels[plm].index(label), j)
+            held = self.holder.get(key)
+            if held is None:
+                self.holder[key] = mine
+            elif held < mine:
+                self.dropped(plm, label, attempt)
+            else:  # this answer comes first in plan order: the one that held the text is the duplicate
+                self.holder[key] = mine
+                self.dropped(self.plms[held[1]], label, held[0])
+
+    def dropped(self, plm: str, label: str, attempt: int) -> None:
+        """Count a drop (under the lock) and ask its replacement, unless the attempts are spent."""
+        j = self.drops.get((plm, label, attempt), 0)
+        self.drops[(plm, label, attempt)] = j + 1
+        if attempt + 1 < self.max_attempts:
+            self.futures.append(self.pool.submit(self.replace, plm, label, attempt + 1, j))
+
+    def replace(self, plm: str, label: str, attempt: int, j: int) -> None:
+        made = self.make_requests(GenerationPlan(plm, {label: j + 1}), attempt, self.generators[plm].chat)
+        request = made[j][1]
+        result = self.generators[plm].generate([request])[0]
+        self.progress.answered(plm)
+        with self.lock:
+            self.answers[request] = result
+        self.heard(plm, label, attempt, j, result)
+
+    def wait(self) -> None:
+        """Until every replacement is answered, the ones its answers asked for included; the first error."""
+        while True:
+            with self.lock:
+                pending = [f for f in self.futures if not f.done()]
+            if not pending:
+                break
+            futures_wait(pending)
+        for future in self.futures:
+            if future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+
+
+def _label_indices(batch: list[tuple[str, GenerationRequest]]) -> list[int]:
+    """Each request's index among its label's in a batch (its j in make_requests)."""
+    counts: dict[str, int] = {}
+    out = []
+    for label, _ in batch:
+        out.append(counts.get(label, 0))
+        counts[label] = out[-1] + 1
+    return out

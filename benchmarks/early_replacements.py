@@ -1,0 +1,155 @@
+"""Replacements of dropped answers asked while the first batch is in flight, against asking them after it.
+
+    .venv/bin/python benchmarks/early_replacements.py                      # K=2, 600 samples an iteration, c=64
+    .venv/bin/python benchmarks/early_replacements.py --k 1 --n 320 --drop 2 --concurrency 32
+
+A real loopback HTTP server speaking the OpenAI chat API answers every request after `--latency` seconds with two
+real Rotten Tomatoes reviews, except a seeded `--drop` percent of requests, which get an empty answer (what
+cleaning drops, as it drops a small model's echoes and empty answers). `generate_samples` (the loop every method
+uses) then runs `--iterations` iterations of zero-shot requests, K API generators side by side, an empty request
+cache each time, twice: with its replacements asked early (the default) and, as the baseline, after the first
+batch (how it asked before). In the same run the OpenAI SDK alone sends as many requests per generator (re-asks
+included) from a thread pool of the same size: the client's floor on this machine. Per mode it prints the wall time of
+generation, and its ratio to the latency bound (per iteration, ceil(requests of the busiest generator / concurrency)
+x latency, re-asks counted in their iteration) and to the client's floor. Both modes send the same requests and
+keep the same samples (tests/test_generation_concurrency.py); only when the replacements are answered differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def serve(port: int, ready: mp.Queue, latency: float, drop: int, texts: list[str]) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(latency)
+            h = int.from_bytes(hashlib.sha256(body).digest()[:8], "big")
+            text = "" if h % 100 < drop else f"{texts[h % len(texts)]} {texts[(h // len(texts)) % len(texts)]}"
+            answer = json.dumps({
+                "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": len(body) // 4, "completion_tokens": len(text) // 4 + 1,
+                          "total_tokens": len(body) // 4 + len(text) // 4 + 1},
+            }).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer.request_queue_size = 1024
+    srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    ready.put(srv.server_port)
+    srv.serve_forever()
+
+
+def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, float, float]:
+    """(requests, seconds, latency bound) of `--iterations` iterations of generate_samples in one mode."""
+    from dpsynth.config import GeneratorConfig
+    from dpsynth.data.corpora import get_corpus
+    from dpsynth.llm.cache import CachedGenerator, RequestCache
+    from dpsynth.llm.registry import build_generator
+    from dpsynth.methods import generation
+    from dpsynth.methods.generation import generate_samples, plan_counts, zero_shot_requests
+    from dpsynth.prompts.builder import PromptSettings
+
+    task = get_corpus("rotten_tomatoes").task
+    shares = {c: 1 / len(task.label_names) for c in task.label_names}
+    cache = RequestCache(Path(tempfile.mkdtemp(prefix="early-replacements-")) / "requests.sqlite")
+    gens = {f"plm{i}": CachedGenerator(build_generator(GeneratorConfig(
+        kind="openai", model=f"m{i}", name=f"plm{i}", base_url=url, max_concurrency=args.concurrency)), cache)
+        for i in range(args.k)}
+    apply = generation._Replacements.apply
+    if not early:  # the baseline: every attempt after the previous one, as before
+        generation._Replacements.apply = staticmethod(lambda *a: False)  # type: ignore[method-assign]
+    try:
+        requests, seconds, bound = 0, 0.0, 0.0
+        for t in range(args.iterations):
+            start = time.perf_counter()
+            _, stats = generate_samples(t, plans=plan_counts(args.n, dict.fromkeys(gens, 1.0), shares), generators=gens,
+                                        existing=[], max_attempts=4,
+                                        make_requests=zero_shot_requests(task, PromptSettings(), "bench", t))
+            seconds += time.perf_counter() - start
+            asked = [s["kept"] + sum(s["dropped"].values()) for s in stats.values()]
+            requests += sum(asked)
+            bound += max(math.ceil(a / args.concurrency) for a in asked) * args.latency
+        return requests, seconds, bound
+    finally:
+        generation._Replacements.apply = apply  # type: ignore[method-assign]
+
+
+def client_floor(args: argparse.Namespace, url: str, per_generator: int) -> float:
+    """Seconds the OpenAI SDK alone takes for `per_generator` requests from each of K clients side by side,
+    each from a pool of `--concurrency` threads: what any client built on it could reach here."""
+    import openai
+
+    clients = [openai.OpenAI(api_key="x", base_url=url, max_retries=0) for _ in range(args.k)]
+
+    def one(client: openai.OpenAI, i: int) -> bytes:
+        return client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": f"Write a movie review, please ({i})."}],
+            max_tokens=64, seed=i).http_response.content
+
+    def batch(client: openai.OpenAI) -> None:
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            list(pool.map(lambda i: one(client, i), range(per_generator)))
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(args.k) as side_by_side:
+        list(side_by_side.map(batch, clients))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--k", type=int, default=2, help="API generators, side by side")
+    parser.add_argument("--n", type=int, default=600, help="samples an iteration (all generators)")
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--drop", type=int, default=1, help="percent of answers the server leaves empty")
+    args = parser.parse_args()
+
+    from dpsynth.data.corpora import get_corpus
+
+    ready: mp.Queue = mp.Queue()
+    server = mp.Process(target=serve, args=(0, ready, args.latency, args.drop,
+                                            get_corpus("rotten_tomatoes").load().texts), daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{ready.get(timeout=60)}/v1"
+    print(f"K={args.k}, {args.n} samples an iteration, {args.iterations} iterations, {args.concurrency} requests in "
+          f"flight per generator, latency {args.latency} s, {args.drop}% empty answers")
+    rows = [("after the first batch (baseline)", *run_mode(False, args, url)),
+            ("while it is in flight", *run_mode(True, args, url))]
+    per_generator = math.ceil(rows[1][1] / args.iterations / args.k)
+    floor = args.iterations * client_floor(args, url, per_generator)
+    print(f"OpenAI SDK alone, {per_generator} requests per generator per iteration (the runs' own, re-asks included), "
+          f"{args.iterations} times: {floor:.2f} s")
+    print("| replacements asked | requests | generation s | / latency bound | / client floor | vs baseline |")
+    print("|---|---|---|---|---|---|")
+    for name, requests, seconds, bound in rows:
+        print(f"| {name} | {requests} | {seconds:.2f} | {seconds / bound:.2f}x | {seconds / floor:.2f}x "
+              f"| {seconds / rows[0][2]:.2f}x |")
+    server.terminate()
+
+
+if __name__ == "__main__":
+    main()
