@@ -11,8 +11,9 @@ cache each time, twice: with its replacements asked early (the default) and, as 
 batch (how it asked before). In the same run the OpenAI SDK alone sends as many requests per generator (re-asks
 included) from a thread pool of the same size: the client's floor on this machine. Per mode it prints the wall time of
 generation, and its ratio to the latency bound (per iteration, ceil(requests of the busiest generator / concurrency)
-x latency, re-asks counted in their iteration) and to the client's floor. Both modes send the same requests and
-keep the same samples (tests/test_generation_concurrency.py); only when the replacements are answered differs.
+x latency, re-asks counted in their iteration) and to the client's floor, and the requests the generators sent
+(checked against what the attempts asked: no replacement is asked twice or in vain). Both modes send the same
+requests and keep the same samples (tests/test_generation_concurrency.py); only when replacements go out differs.
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, floa
             asked = [s["kept"] + sum(s["dropped"].values()) for s in stats.values()]
             requests += sum(asked)
             bound += max(math.ceil(a / args.concurrency) for a in asked) * args.latency
-        return requests, seconds, bound
+        sent = sum(g.usage.requests - g.usage.cached for g in gens.values())  # what the server was sent
+        assert sent == requests, f"{sent} requests sent, {requests} asked by the attempts"
+        return sent, seconds, bound
     finally:
         generation._Replacements.apply = apply  # type: ignore[method-assign]
 

@@ -114,7 +114,7 @@ class _Shuffled:
         order = list(range(len(requests)))
         random.Random(self._seed + len(requests)).shuffle(order)
         for k, i in enumerate(order):
-            if self._slow_last is not None and len(requests) > 1 and k == len(order) - 1:
+            if self._slow_last is not None and not self.held_back and k == len(order) - 1:
                 # the first batch's last answer waits for a replacement to be asked
                 self.held_back.append(self._slow_last.wait(10))
             time.sleep(0.001)
@@ -151,15 +151,15 @@ def test_early_replacements_ask_the_same_requests_and_keep_the_same_samples(tmp_
 
 def test_a_replacement_is_asked_before_the_first_batch_is_answered(tmp_path: Path) -> None:
     """The first batch's last answer is held back until a replacement has been sent (for at most 10 s): the
-    replacement must go out while the batch is still in flight, not after it."""
+    replacement must go out while the batch is still in flight, not after it. (Only the backend's first call,
+    the first batch, holds an answer back.)"""
     release = threading.Event()
 
     class Watching(list):
         def extend(self, items) -> None:
-            items = list(items)
-            super().extend(items)
-            if len(items) == 1:  # a replacement (the first batches have more requests)
+            if self:  # a call after the first batch's: a replacement
                 release.set()
+            super().extend(items)
 
     log = Watching()
     cache = RequestCache(tmp_path / "cache.sqlite")
@@ -168,3 +168,30 @@ def test_a_replacement_is_asked_before_the_first_batch_is_answered(tmp_path: Pat
                      generators={"a": CachedGenerator(backend, cache)}, existing=[], max_attempts=3,
                      make_requests=zero_shot_requests(TASK, PromptSettings(), 3, "t"))
     assert backend.held_back == [True]
+
+
+def test_a_replacement_that_fails_stops_the_others_and_is_the_error(tmp_path: Path) -> None:
+    """Half the first batch's answers are empty; the API then refuses everything (a spent quota): the refusal is
+    the error, after the first batch (all of whose answers are kept), and no more than a few replacement calls
+    go out before it stops them (one per PLM in a gathered batch, not one per drop)."""
+    calls: list[int] = []
+
+    class Quota:
+        runs_remotely, chat, name, model_id = True, True, "p", "quota"
+
+        def generate(self, requests, on_result=None):
+            calls.append(len(requests))
+            if len(calls) > 1:
+                raise RuntimeError("quota exhausted")
+            out = [GenerationResult("" if i % 2 else f"a review long enough to keep, {r.seed}", 1, 1)
+                   for i, r in enumerate(requests)]
+            for i, result in enumerate(out):
+                if on_result:
+                    on_result(i, result)
+            return out
+
+    with pytest.raises(RuntimeError, match="quota exhausted"):
+        generate_samples(0, plans=[GenerationPlan("p", {"positive": 100, "negative": 100})],
+                         generators={"p": CachedGenerator(Quota(), RequestCache(tmp_path / "c.sqlite"))}, existing=[],
+                         max_attempts=3, make_requests=zero_shot_requests(TASK, PromptSettings(), 0, "t"))
+    assert calls[0] == 200 and 2 <= len(calls) <= 4 and sum(calls[1:]) <= 100

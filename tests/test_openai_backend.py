@@ -329,7 +329,9 @@ class _Echo(BaseHTTPRequestHandler):
         with _Echo.lock:
             _Echo.in_flight -= 1
             fail, _Echo.fail_first = _Echo.fail_first > 0, max(0, _Echo.fail_first - 1)
-        if fail:
+        if asked["messages"][-1]["content"] == "refused":
+            body, status = b'{"error": {"message": "content filter says no"}}', 400
+        elif fail:
             body, status = b'{"error": {"message": "busy"}}', 503
         else:
             text = asked["messages"][-1]["content"]
@@ -436,4 +438,52 @@ def test_calls_from_several_threads_share_the_concurrency_limit_and_get_their_ow
         assert _Echo.most_in_flight <= 4
     finally:
         _Echo.delay = 0.0
+        server.shutdown()
+
+
+def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped() -> None:
+    """With `processes: 2`, a replacement refused by the server stops the batch in flight beside it: both calls
+    report the refusal, not "cancelled"."""
+    from dpsynth.errors import DpsynthError
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Echo.delay = 0.05
+    try:
+        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", processes=2,
+                                    max_concurrency=4)
+
+        def refused() -> list:
+            time.sleep(0.1)
+            return gen.generate([GenerationRequest(messages=(("user", "refused"),))])
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            calls = [pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(60)]),
+                     pool.submit(refused)]
+            for call in calls:
+                with pytest.raises(DpsynthError, match="HTTP 400 \\(content filter says no\\)"):
+                    call.result()
+    finally:
+        _Echo.delay = 0.0
+        server.shutdown()
+
+
+def test_a_call_that_stops_early_frees_its_slots() -> None:
+    """A call whose on_result raises (a full disk while caching) leaves with requests in flight: their answers
+    still free their slots, so the next call is not starved."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", processes=2,
+                                    max_concurrency=4)
+
+        def full_disk(i: int, result: object) -> None:
+            raise OSError("disk full while caching")
+
+        for k in range(3):
+            with pytest.raises(OSError):
+                gen.generate([GenerationRequest(messages=(("user", f"{k} t{i}"),)) for i in range(20)],
+                             on_result=full_disk)
+        assert [r.text for r in gen.generate([GenerationRequest(messages=(("user", "x"),))] * 5)] == ["x"] * 5
+    finally:
         server.shutdown()

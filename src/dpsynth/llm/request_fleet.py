@@ -7,7 +7,9 @@ WASP paper's scale the client, not the server, set the pace. Here the requests g
 each with its own client and its share of `max_concurrency` threads, under the same retry rules; the parent hands
 out at most `max_concurrency` requests at a time (so that a failure stops the rest quickly), every answer comes
 back as it arrives (the request cache keeps every paid-for answer), and the first request that gives up stops
-the others from retrying, as in the one-process path.
+the others from retrying. Several threads may share the fleet (a run asks for replacements of dropped answers
+while its main batch is in flight): a request that gives up stops every call in flight, and each of them reports
+that request's error, not "cancelled".
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
 
 T = TypeVar("T")
 POLL_SECONDS = 1.0  # how often the parent checks that its workers are alive while it waits for answers
+CANCELLED = "cancelled"  # a request not sent because another one gave up
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbo
                 return
             call, index, request = item
             if failed.is_set():  # another request gave up: answer without sending
-                outbox.put(_Answer(call, index, worker, gen.retries, None, "cancelled"))
+                outbox.put(_Answer(call, index, worker, gen.retries, None, CANCELLED))
                 free.release()
                 continue
             pool.submit(gen._one, request, failed).add_done_callback(functools.partial(finish, call, index))
@@ -86,16 +89,18 @@ def _shut_down(inbox: Any, workers: list[Any]) -> None:
 
 
 class _Router:
-    """The parent's reader of the workers' answers (its own thread): each answer goes to the `generate` call
-    that sent it, the workers' retries are counted once, and a dead worker becomes every call's error. It holds
-    no reference to the fleet, so that the fleet can be garbage-collected (and its workers stopped)."""
+    """The parent's reader of the workers' answers (its own thread): each answer frees its slot and goes to the
+    `generate` call that sent it (dropped if that call has gone), the workers' retries are counted once, the
+    first real error is kept for every call it stopped, and a dead worker (or any failure to read) becomes every
+    call's error. It holds no reference to the fleet, so that the fleet can be garbage-collected."""
 
-    def __init__(self, outbox: Any, workers: list[Any], name: str) -> None:
-        self.outbox, self.workers, self.name = outbox, workers, name
+    def __init__(self, outbox: Any, workers: list[Any], slots: threading.BoundedSemaphore, name: str) -> None:
+        self.outbox, self.workers, self.slots, self.name = outbox, workers, slots, name
         self.lock = threading.Lock()
-        self.calls: dict[int, queue.SimpleQueue] = {}  # call id -> its answers (or the fleet's error)
+        self.calls: dict[int, queue.SimpleQueue] = {}  # call id -> its answers
         self.seen = [0] * len(workers)
         self.retries = 0
+        self.first_error: str | None = None  # the first request that gave up (not one cancelled because of it)
         self.broken: DpsynthError | None = None
 
     def next(self, kind: type[T]) -> T:
@@ -116,16 +121,19 @@ class _Router:
         while True:
             try:
                 answer = self.next(_Answer)
-            except DpsynthError as err:
+            except Exception as err:  # noqa: BLE001 - whatever stops the reading stops every call, with its reason
                 with self.lock:
-                    self.broken = err
-                    for waiting in self.calls.values():
-                        waiting.put(err)
+                    self.broken = err if isinstance(err, DpsynthError) else DpsynthError(
+                        f"{self.name}: lost the request processes' answers ({type(err).__name__}: {err}); the "
+                        "answers received are cached, run again to resume")
                 return
+            self.slots.release()
             with self.lock:
                 if answer.retries > self.seen[answer.worker]:
                     self.retries += answer.retries - self.seen[answer.worker]
                     self.seen[answer.worker] = answer.retries
+                if answer.error is not None and answer.error != CANCELLED and self.first_error is None:
+                    self.first_error = answer.error
                 caller = self.calls.get(answer.call)
             if caller is not None:
                 caller.put(answer)
@@ -147,7 +155,7 @@ class RequestFleet:
         self._workers = workers
         for w in workers:
             w.start()
-        self._router = _Router(outbox, workers, name)
+        self._router = _Router(outbox, workers, self._slots, name)
         for _ in workers:
             self._router.next(int)
         self._call_ids = itertools.count()
@@ -168,6 +176,7 @@ class RequestFleet:
                 raise router.broken
             if not router.calls:  # a failure stops the calls in flight with it, not the next ones
                 self._failed.clear()
+                router.first_error = None
             call = next(self._call_ids)
             router.calls[call] = answers
         try:
@@ -185,21 +194,21 @@ class RequestFleet:
             while error is None and todo:
                 # a free slot for the next request; waited for only while this call has no answer to wait for
                 if not self._slots.acquire(timeout=POLL_SECONDS if in_flight == 0 else 0):
-                    if in_flight == 0 and self._router.broken is not None:
-                        raise self._router.broken
                     if in_flight:
                         break
+                    self._check_router()
                     continue
                 index, request = todo.pop()
                 self._inbox.put((call, index, request))
                 in_flight += 1
             if in_flight == 0:
                 break
-            answer = answers.get()
-            if isinstance(answer, DpsynthError):
-                raise answer
+            try:
+                answer = answers.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                self._check_router()
+                continue
             in_flight -= 1
-            self._slots.release()
             if answer.error is not None:
                 if error is None:
                     error = answer.error
@@ -209,5 +218,9 @@ class RequestFleet:
             if on_result and answer.result is not None:
                 on_result(answer.index, answer.result)
         if error is not None:
-            raise DpsynthError(error)
+            raise DpsynthError((self._router.first_error or error) if error == CANCELLED else error)
         return [r for r in results if r is not None]
+
+    def _check_router(self) -> None:
+        if self._router.broken is not None:
+            raise self._router.broken

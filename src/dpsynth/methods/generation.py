@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
@@ -130,7 +131,7 @@ def generate_samples(
         if early is not None and attempt == 0:
             answers = early.ask_first(batches)
         else:
-            answers = _ask_all(batches, generators, progress, known=early.answers if early is not None else {})
+            answers = _ask_all(batches, generators, progress, known=early.known if early is not None else None)
         for plm in asking:
             for (label, _), result in zip(batches[plm], answers[plm]):
                 text, reason = clean_generation(result.text)
@@ -167,15 +168,16 @@ class _Progress:
 
 
 def _ask_all(batches: dict[str, list[tuple[str, GenerationRequest]]], generators: dict[str, CachedGenerator],
-             progress: _Progress, *, known: dict[GenerationRequest, GenerationResult],
+             progress: _Progress, *, known: Callable[[str], dict[GenerationRequest, GenerationResult]] | None,
              listen: Callable[[str, int, GenerationResult], None] | None = None) -> dict[str, list]:
     """Every PLM's batch: side by side when all of them are API generators, else one after another. Requests
-    in `known` (replacements answered early) are not asked again; `listen(plm, i, result)` hears each answer
+    in `known(plm)` (replacements answered early) are not asked again; `listen(plm, i, result)` hears each answer
     to the i-th request of a PLM's batch as it arrives."""
 
     def ask(plm: str) -> list:
         requests = [r for _, r in batches[plm]]
-        missing = [i for i, r in enumerate(requests) if r not in known]
+        answered = known(plm) if known is not None else {}
+        missing = [i for i, r in enumerate(requests) if r not in answered]
 
         def heard(j: int, result: GenerationResult) -> None:
             progress.answered(plm)
@@ -183,7 +185,7 @@ def _ask_all(batches: dict[str, list[tuple[str, GenerationRequest]]], generators
                 listen(plm, missing[j], result)
 
         asked = iter(generators[plm].generate([requests[i] for i in missing], on_result=heard) if missing else [])
-        return [known[r] if r in known else next(asked) for r in requests]
+        return [answered[r] if r in answered else next(asked) for r in requests]
 
     if len(batches) > 1 and all(generators[plm].remote for plm in batches):
         with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="dpsynth-plm") as pool:
@@ -201,7 +203,13 @@ class _Replacements:
     them is replaced by exactly the request that pass makes for it: make_requests' j-th request of the next
     attempt for that PLM and label (every method's requests depend on their index, not on how many are asked).
     Asked at once, it is answered about when the first batch is, a round of latency sooner; the samples, the
-    requests and their count are the same. Not with spend caps: those are checked before each batch is sent."""
+    requests and their count are the same. Replacements found within `GATHER` seconds of each other go out as
+    one batch (one cache claim, one call); each label's requests are built in doubling blocks, not one call of
+    make_requests per drop. The first replacement that fails stops the others from being sent, and is the error
+    (after the first batch, whose answers are all kept). Not with spend caps: they are checked before each
+    batch is sent."""
+
+    GATHER = 0.01  # seconds a replacement waits for others to go with it (a small share of any API's latency)
 
     @staticmethod
     def apply(plans: Sequence[GenerationPlan], generators: dict[str, CachedGenerator], max_attempts: int) -> bool:
@@ -217,10 +225,18 @@ class _Replacements:
         # (label, text) -> the position of the answer that keeps it: (attempt, PLM, label, index); (-1,): earlier
         self.holder: dict[tuple[str, str], tuple[int, ...]] = {(x.label, x.text.lower()): (-1,) for x in existing}
         self.drops: dict[tuple[str, str, int], int] = {}
-        self.answers: dict[GenerationRequest, GenerationResult] = {}
+        self.built: dict[tuple[str, str, int], list[GenerationRequest]] = {}  # requests made so far, by index
+        self.answers: dict[tuple[str, GenerationRequest], GenerationResult] = {}  # (PLM, request) -> answer
+        self.waiting: dict[str, list[tuple[str, int, int, GenerationRequest]]] = {plm: [] for plm in self.plms}
         self.lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="dpsynth-replacements")
+        self.pool = ThreadPoolExecutor(max_workers=4 * len(self.plms), thread_name_prefix="dpsynth-replacements")
         self.futures: list[Future] = []
+        self.failed: BaseException | None = None  # the first replacement that could not be had
+        self.stopped = False  # the first attempt is over: nothing more is sent
+
+    def known(self, plm: str) -> dict[GenerationRequest, GenerationResult]:
+        """The answers to `plm`'s replacements, by request."""
+        return {request: result for (owner, request), result in self.answers.items() if owner == plm}
 
     def ask_first(self, batches: dict[str, list[tuple[str, GenerationRequest]]]) -> dict[str, list]:
         """The first attempt's answers; the replacements it needs (and theirs) asked and answered meanwhile."""
@@ -230,10 +246,12 @@ class _Replacements:
             self.heard(plm, batches[plm][i][0], 0, index[plm][i], result)
 
         try:
-            answers = _ask_all(batches, self.generators, self.progress, known={}, listen=listen)
+            answers = _ask_all(batches, self.generators, self.progress, known=None, listen=listen)
             self.wait()
         finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            with self.lock:  # after an error nothing more is sent; what is in flight finishes (and is cached)
+                self.stopped = True
+            self.pool.shutdown(wait=True, cancel_futures=True)
         return answers
 
     def heard(self, plm: str, label: str, attempt: int, j: int, result: GenerationResult) -> None:
@@ -253,32 +271,52 @@ class _Replacements:
                 self.dropped(self.plms[held[1]], label, held[0])
 
     def dropped(self, plm: str, label: str, attempt: int) -> None:
-        """Count a drop (under the lock) and ask its replacement, unless the attempts are spent."""
+        """Count a drop (under the lock) and queue its replacement, unless the attempts are spent."""
         j = self.drops.get((plm, label, attempt), 0)
         self.drops[(plm, label, attempt)] = j + 1
-        if attempt + 1 < self.max_attempts:
-            self.futures.append(self.pool.submit(self.replace, plm, label, attempt + 1, j))
+        if attempt + 1 >= self.max_attempts or self.stopped or self.failed is not None:
+            return
+        if not self.waiting[plm]:  # the first of a batch: a sender will take it and whatever joins it
+            self.futures.append(self.pool.submit(self.send, plm))
+        self.waiting[plm].append((label, attempt + 1, j, self.request(plm, label, attempt + 1, j)))
 
-    def replace(self, plm: str, label: str, attempt: int, j: int) -> None:
-        made = self.make_requests(GenerationPlan(plm, {label: j + 1}), attempt, self.generators[plm].chat)
-        request = made[j][1]
-        result = self.generators[plm].generate([request])[0]
-        self.progress.answered(plm)
+    def request(self, plm: str, label: str, attempt: int, j: int) -> GenerationRequest:
+        made = self.built.setdefault((plm, label, attempt), [])
+        if j >= len(made):
+            count = max(j + 1, 2 * len(made), 4)
+            made[:] = [r for _, r in self.make_requests(GenerationPlan(plm, {label: count}), attempt,
+                                                         self.generators[plm].chat)]
+        return made[j]
+
+    def send(self, plm: str) -> None:
+        time.sleep(self.GATHER)
         with self.lock:
-            self.answers[request] = result
-        self.heard(plm, label, attempt, j, result)
+            batch, self.waiting[plm] = self.waiting[plm], []
+            if self.stopped or self.failed is not None:
+                return
+        try:
+            results = self.generators[plm].generate([request for *_, request in batch])
+        except BaseException as err:
+            with self.lock:
+                self.failed = self.failed or err
+            raise
+        for (label, attempt, j, request), result in zip(batch, results):
+            self.progress.answered(plm)
+            with self.lock:
+                self.answers[(plm, request)] = result
+            self.heard(plm, label, attempt, j, result)
 
     def wait(self) -> None:
         """Until every replacement is answered, the ones its answers asked for included; the first error."""
         while True:
             with self.lock:
                 pending = [f for f in self.futures if not f.done()]
+                failed = next((f.exception() for f in self.futures if f.done() and f.exception() is not None), None)
+            if failed is not None:
+                raise failed
             if not pending:
-                break
-            futures_wait(pending)
-        for future in self.futures:
-            if future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
+                return
+            futures_wait(pending, return_when=FIRST_EXCEPTION)
 
 
 def _label_indices(batch: list[tuple[str, GenerationRequest]]) -> list[int]:
