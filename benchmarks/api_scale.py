@@ -44,10 +44,11 @@ def answer_text(texts: list[str], h: int) -> str:
     return f"{texts[h % len(texts)]} {texts[(h // len(texts)) % len(texts)]}"
 
 
-def serve(port: int, ready: mp.Queue, latency: float, texts: list[str]) -> None:
-    """One process of the loopback server: every POST waits `latency` s and returns a real text. Several such
-    processes share `port` (SO_REUSEPORT; the kernel spreads connections over them), so that the server, like a
-    vLLM endpoint in front of many replicas, is not the limit the client is measured against."""
+def serve(port: int, ready: mp.Queue, latency: float, texts: list[str], drop: int = 0) -> None:
+    """One process of the loopback server: every POST waits `latency` s and returns a real text (an empty one for
+    a seeded `drop` percent of requests: what cleaning drops). Several such processes share `port` (SO_REUSEPORT;
+    the kernel spreads connections over them), so that the server, like a vLLM endpoint in front of many
+    replicas, is not the limit the client is measured against."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -57,7 +58,7 @@ def serve(port: int, ready: mp.Queue, latency: float, texts: list[str]) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             time.sleep(latency)
             h = int.from_bytes(hashlib.sha256(body).digest()[:8], "big")
-            text = answer_text(texts, h)
+            text = "" if h % 100 < drop else answer_text(texts, h)
             answer = json.dumps({
                 "id": "x", "object": "chat.completion", "created": 0, "model": "m",
                 "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],

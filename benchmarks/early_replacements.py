@@ -19,47 +19,16 @@ requests and keep the same samples (tests/test_generation_concurrency.py); only 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
 import multiprocessing as mp
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-
-def serve(port: int, ready: mp.Queue, latency: float, drop: int, texts: list[str]) -> None:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True
-
-        def do_POST(self) -> None:  # noqa: N802
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            time.sleep(latency)
-            h = int.from_bytes(hashlib.sha256(body).digest()[:8], "big")
-            text = "" if h % 100 < drop else f"{texts[h % len(texts)]} {texts[(h // len(texts)) % len(texts)]}"
-            answer = json.dumps({
-                "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
-                "usage": {"prompt_tokens": len(body) // 4, "completion_tokens": len(text) // 4 + 1,
-                          "total_tokens": len(body) // 4 + len(text) // 4 + 1},
-            }).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer.request_queue_size = 1024
-    srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    ready.put(srv.server_port)
-    srv.serve_forever()
+sys.path.insert(0, str(Path(__file__).parent))
+from api_scale import serve  # noqa: E402 - the same loopback server, with empty answers
 
 
 def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, float, float]:
@@ -134,8 +103,8 @@ def main() -> None:
     from dpsynth.data.corpora import get_corpus
 
     ready: mp.Queue = mp.Queue()
-    server = mp.Process(target=serve, args=(0, ready, args.latency, args.drop,
-                                            get_corpus("rotten_tomatoes").load().texts), daemon=True)
+    server = mp.Process(target=serve, args=(0, ready, args.latency, get_corpus("rotten_tomatoes").load().texts,
+                                            args.drop), daemon=True)
     server.start()
     url = f"http://127.0.0.1:{ready.get(timeout=60)}/v1"
     print(f"K={args.k}, {args.n} samples an iteration, {args.iterations} iterations, {args.concurrency} requests in "

@@ -16,7 +16,9 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -419,16 +421,25 @@ def test_a_request_process_that_dies_is_one_clear_error_not_a_hang() -> None:
         server.shutdown()
 
 
+@contextmanager
+def _echo_server(delay: float = 0.0) -> Iterator[str]:
+    """The echo server on loopback, answering after `delay` s; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Echo.delay, _Echo.most_in_flight = delay, 0
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1"
+    finally:
+        _Echo.delay = 0.0
+        server.shutdown()
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_calls_from_several_threads_share_the_concurrency_limit_and_get_their_own_answers(processes: int) -> None:
     """A run asks for replacements while a batch is in flight (methods/generation.py): calls from three threads
     at once each get their own answers, in order, and the server never sees more than max_concurrency."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Echo.delay, _Echo.most_in_flight = 0.05, 0
-    try:
-        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", processes=processes,
-                                    max_concurrency=4)
+    with _echo_server(delay=0.05) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4)
         batches = [[GenerationRequest(messages=(("user", f"call {c} text {i}"),)) for i in range(n)]
                    for c, n in enumerate((12, 1, 5))]
         with ThreadPoolExecutor(max_workers=3) as pool:
@@ -436,9 +447,6 @@ def test_calls_from_several_threads_share_the_concurrency_limit_and_get_their_ow
         assert [[r.text for r in out] for out in outs] == [[f"call {c} text {i}" for i in range(len(b))]
                                                            for c, b in enumerate(batches)]
         assert _Echo.most_in_flight <= 4
-    finally:
-        _Echo.delay = 0.0
-        server.shutdown()
 
 
 def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped() -> None:
@@ -446,12 +454,8 @@ def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped() -> None
     report the refusal, not "cancelled"."""
     from dpsynth.errors import DpsynthError
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Echo.delay = 0.05
-    try:
-        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", processes=2,
-                                    max_concurrency=4)
+    with _echo_server(delay=0.05) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
 
         def refused() -> list:
             time.sleep(0.1)
@@ -463,19 +467,13 @@ def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped() -> None
             for call in calls:
                 with pytest.raises(DpsynthError, match="HTTP 400 \\(content filter says no\\)"):
                     call.result()
-    finally:
-        _Echo.delay = 0.0
-        server.shutdown()
 
 
 def test_a_call_that_stops_early_frees_its_slots() -> None:
     """A call whose on_result raises (a full disk while caching) leaves with requests in flight: their answers
     still free their slots, so the next call is not starved."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", processes=2,
-                                    max_concurrency=4)
+    with _echo_server() as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
 
         def full_disk(i: int, result: object) -> None:
             raise OSError("disk full while caching")
@@ -485,5 +483,3 @@ def test_a_call_that_stops_early_frees_its_slots() -> None:
                 gen.generate([GenerationRequest(messages=(("user", f"{k} t{i}"),)) for i in range(20)],
                              on_result=full_disk)
         assert [r.text for r in gen.generate([GenerationRequest(messages=(("user", "x"),))] * 5)] == ["x"] * 5
-    finally:
-        server.shutdown()
