@@ -250,3 +250,79 @@ def test_the_embedding_cache_is_shared_by_processes_in_wal_mode(tmp_path: Path) 
     assert first.encode(["a", "b"]).shape == (2, 3)  # waited for the lock instead of failing
     assert second.encode(["a"]).shape == (1, 3)
     assert sqlite3.connect(str(path)).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_put_many_writes_rows_together_and_counts_rewrites(tmp_path: Path) -> None:
+    cache = RequestCache(tmp_path / "c.sqlite")
+    cache.put_many([("a", "m", "pa", GenerationResult("one", 1, 2)), ("b", "m", "pb", GenerationResult("two", 3, 4))])
+    cache.put_many([("a", "m", "pa", GenerationResult("again", 1, 2))])
+    assert cache.get_many(["a", "b"]) == {"a": GenerationResult("again", 1, 2, cached=True),
+                                          "b": GenerationResult("two", 3, 4, cached=True)}
+    db = sqlite3.connect(str(tmp_path / "c.sqlite"))
+    assert dict(db.execute("SELECT key, writes FROM generations")) == {"a": 2, "b": 1}
+    db.close()
+
+
+class _Answers:
+    """A backend whose answers arrive in quick succession from the calling thread (as the SDK path and the
+    `processes:` fleet deliver them), optionally failing after `fail_after` answers."""
+
+    name = "answers"
+    model_id = "answers:1"
+    chat = False
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.fail_after = fail_after
+
+    def generate(self, requests, on_result=None):
+        out = []
+        for i, r in enumerate(requests):
+            if i == self.fail_after:
+                raise RuntimeError("the server went away")
+            result = GenerationResult(f"answer to {r.prompt}", 1, 1)
+            out.append(result)
+            if on_result:
+                on_result(i, result)
+        return out
+
+
+def _stored(path: Path) -> dict[str, str]:
+    db = sqlite3.connect(str(path))  # another connection: what is on disk, not in this process's queue
+    rows = dict(db.execute("SELECT prompt, text FROM generations"))
+    db.close()
+    return rows
+
+
+def test_every_answer_is_on_disk_and_unclaimed_when_generate_returns(tmp_path: Path) -> None:
+    cache = RequestCache(tmp_path / "c.sqlite")
+    requests = [GenerationRequest(prompt=f"p{i}", seed=i) for i in range(2_000)]
+    CachedGenerator(_Answers(), cache).generate(requests)
+    assert _stored(tmp_path / "c.sqlite") == {f"p{i}": f"answer to p{i}" for i in range(2_000)}
+    db = sqlite3.connect(str(tmp_path / "c.sqlite"))
+    assert db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0
+    db.close()
+
+
+def test_answers_received_before_a_backend_failure_are_on_disk(tmp_path: Path) -> None:
+    cache = RequestCache(tmp_path / "c.sqlite")
+    requests = [GenerationRequest(prompt=f"p{i}", seed=i) for i in range(50)]
+    with pytest.raises(RuntimeError, match="went away"):
+        CachedGenerator(_Answers(fail_after=30), cache).generate(requests)
+    assert _stored(tmp_path / "c.sqlite") == {f"p{i}": f"answer to p{i}" for i in range(30)}
+
+
+def test_a_cache_that_cannot_be_written_is_the_batch_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsynth.errors import DpsynthError
+
+    cache = RequestCache(tmp_path / "c.sqlite")
+
+    def full(rows):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(cache, "put_many", full)
+    gen = CachedGenerator(_Answers(), cache)
+    with pytest.raises(DpsynthError, match="could not write answers to the request cache .*disk is full"):
+        gen.generate([GenerationRequest(prompt="x"), GenerationRequest(prompt="y")])
+    # the backend's own failure stays the error raised when both fail
+    with pytest.raises(RuntimeError, match="went away"):
+        CachedGenerator(_Answers(fail_after=1), cache).generate([GenerationRequest(prompt="z", seed=s) for s in (1, 2)])

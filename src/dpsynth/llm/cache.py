@@ -1,7 +1,8 @@
 """Persistent request cache: no generation is ever paid for twice.
 
-Every result is written to SQLite the moment it arrives (WAL mode, one small
-transaction each), keyed by model id + the full request including its seed.
+Every result is written to SQLite as it arrives (WAL mode; answers that arrive
+while a write commits share the next transaction), keyed by model id + the full
+request including its seed.
 Several processes may share one cache file, from its very first open on: WAL is
 set once (it persists in the file), every connection waits up to
 `BUSY_TIMEOUT` seconds for a lock, and what SQLite still refuses with
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import socket
 import sqlite3
@@ -98,6 +100,10 @@ class RequestCache:
         )
         self.owner = f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
+    @property
+    def path(self) -> Path:
+        return self._path
+
     def _set_wal(self) -> None:
         # WAL is a property of the file: only the first process to open it switches (an exclusive lock).
         if str(self._db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
@@ -136,15 +142,20 @@ class RequestCache:
         return found
 
     def put(self, key: str, model: str, prompt: str, result: GenerationResult) -> None:
-        row = (key, model, prompt, result.text, result.prompt_tokens, result.completion_tokens, time.time())
-        with self._lock:
-            # One autocommit statement: a "locked" failure wrote nothing, so retrying it is exact.
-            self._retry(
-                lambda: self._db.execute(
-                    "INSERT INTO generations VALUES (?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT(key) DO UPDATE SET "
-                    "text=excluded.text, writes=writes+1",
-                    row,
-                )
+        self.put_many([(key, model, prompt, result)])
+
+    def put_many(self, rows: Sequence[tuple[str, str, str, GenerationResult]]) -> None:
+        """Store (key, model, prompt, result) rows in one transaction: answers that arrive together share a
+        commit, which is most of a write's cost."""
+        now = time.time()
+        values = [(key, model, prompt, r.text, r.prompt_tokens, r.completion_tokens, now)
+                  for key, model, prompt, r in rows]
+        with self._transaction() as db:
+            # A transaction that fails is rolled back whole: the rows are all written or none are.
+            db.executemany(
+                "INSERT INTO generations VALUES (?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT(key) DO UPDATE SET "
+                "text=excluded.text, writes=writes+1",
+                values,
             )
 
     @contextmanager
@@ -205,6 +216,51 @@ class RequestCache:
 
     def close(self) -> None:
         self._db.close()
+
+
+class _CacheWriter:
+    """Writes one batch's answers on its own thread, those that arrive during a commit together in the next one.
+
+    Why: the thread that receives an answer (an SDK worker thread, or a `processes:` fleet's loop that also sends
+    the next request) used to commit each answer itself, 40-50 us under the cache's lock; at the thousands of
+    answers a second of a large server that is time taken from sending. Here the receiver only queues the answer.
+    An answer is on disk one commit after it arrives (a SIGKILL can lose the few queued at that moment, which a
+    later run asks for again); `close` writes everything queued before the batch's claims are released, so that
+    no other process pays for an answer this one has."""
+
+    def __init__(self, cache: RequestCache, model: str, name: str) -> None:
+        self._cache, self._model = cache, model
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, name=f"{name}-cache-writes", daemon=True)
+        self._thread.start()
+
+    def add(self, key: str, request: GenerationRequest, result: GenerationResult) -> None:
+        self._queue.put((key, request, result))
+
+    def _write(self) -> None:
+        done = False
+        while not done:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            done = any(item is None for item in batch)
+            rows = [(key, self._model, request.prompt_text(), result)
+                    for key, request, result in (item for item in batch if item is not None)]
+            if rows and self._error is None:
+                try:
+                    self._cache.put_many(rows)
+                except BaseException as err:  # noqa: BLE001 - kept for `close`, which the batch's caller raises
+                    self._error = err
+
+    def close(self) -> BaseException | None:
+        """Write what is queued and stop; the error that stopped the writes, if any (later answers unwritten)."""
+        self._queue.put(None)
+        self._thread.join()
+        return self._error
 
 
 class CachedGenerator:
@@ -302,11 +358,12 @@ class CachedGenerator:
 
     def _pay(self, indices: list[int], keys: list[str], requests: Sequence[GenerationRequest],
              deliver: ResultCallback) -> None:
-        """Send the claimed requests, storing each result the moment it arrives; claims renewed meanwhile."""
+        """Send the claimed requests, storing each result as it arrives (`_CacheWriter`); claims renewed meanwhile."""
+        writer = _CacheWriter(self.cache, self.model_id, self.name)
 
         def store(j: int, result: GenerationResult) -> None:
             i = indices[j]
-            self.cache.put(keys[i], self.model_id, requests[i].prompt_text(), result)
+            writer.add(keys[i], requests[i], result)
             deliver(i, result)
 
         stop = threading.Event()
@@ -321,13 +378,27 @@ class CachedGenerator:
         renewer = threading.Thread(target=renew, name="dpsynth-claims", daemon=True)
         renewer.start()
         self._started_sending()
+
+        def finish() -> BaseException | None:
+            stop.set()
+            renewer.join()
+            write_error = writer.close()  # before the claims go: another process would pay for them again
+            self.cache.release_claims([keys[i] for i in indices])
+            self._stopped_sending()
+            return write_error
+
         try:
             allowed = len(indices) if self.guard is None else self.guard.admit([requests[i] for i in indices])
             self.inner.generate([requests[i] for i in indices[:allowed]], on_result=store)
-        finally:
-            stop.set()
-            renewer.join()
-            self.cache.release_claims([keys[i] for i in indices])
-            self._stopped_sending()
+        except BaseException:
+            write_error = finish()
+            if write_error is not None:  # the generation's own error is the one raised; this one is not lost
+                log.error("%s: could not write answers to the request cache (%s)", self.name, write_error)
+            raise
+        write_error = finish()
+        if write_error is not None:
+            raise DpsynthError(f"{self.name}: could not write answers to the request cache {self.cache.path} "
+                               f"({type(write_error).__name__}: {write_error}); they are lost if this run is "
+                               "interrupted") from write_error
         if allowed < len(indices) and self.guard is not None:
             raise self.guard.reached()
