@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.llm.base import GenerationRequest, GenerationResult
-from dpsynth.llm.cache import HOST, STALE_AFTER, CachedGenerator, RequestCache
+from dpsynth.llm.cache import HOST, STALE_AFTER, CachedGenerator, CacheWriteError, RequestCache, _CacheWriter
 
 PROCESSES = 8
 ENTRIES = 50
@@ -264,25 +264,28 @@ def test_put_many_writes_rows_together_and_counts_rewrites(tmp_path: Path) -> No
 
 
 class _Answers:
-    """A backend whose answers arrive in quick succession from the calling thread (as the SDK path and the
-    `processes:` fleet deliver them), optionally failing after `fail_after` answers."""
+    """A backend whose answers arrive in quick succession (or every `pace` seconds) on the calling thread, as the SDK
+    path and the `processes:` fleet deliver them, optionally failing after `fail_after` answers."""
 
     name = "answers"
     model_id = "answers:1"
     chat = False
 
-    def __init__(self, fail_after: int | None = None) -> None:
-        self.fail_after = fail_after
+    def __init__(self, fail_after: int | None = None, pace: float = 0.0) -> None:
+        self.fail_after, self.pace = fail_after, pace
+        self.delivered = 0
 
     def generate(self, requests, on_result=None):
         out = []
         for i, r in enumerate(requests):
             if i == self.fail_after:
                 raise RuntimeError("the server went away")
+            time.sleep(self.pace)
             result = GenerationResult(f"answer to {r.prompt}", 1, 1)
             out.append(result)
             if on_result:
                 on_result(i, result)
+            self.delivered += 1
         return out
 
 
@@ -293,10 +296,27 @@ def _stored(path: Path) -> dict[str, str]:
     return rows
 
 
-def test_every_answer_is_on_disk_and_unclaimed_when_generate_returns(tmp_path: Path) -> None:
+def test_every_answer_is_on_disk_before_the_claims_are_released(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     cache = RequestCache(tmp_path / "c.sqlite")
+    slow_put_many = cache.put_many
+
+    def slow(rows):
+        time.sleep(0.02)  # writes lag behind the answers, so the order of closing and releasing is what counts
+        slow_put_many(rows)
+
+    on_disk_at_release = []
+    release = cache.release_claims
+
+    def spy(keys):
+        on_disk_at_release.append(len(_stored(tmp_path / "c.sqlite")))
+        release(keys)
+
+    monkeypatch.setattr(cache, "put_many", slow)
+    monkeypatch.setattr(cache, "release_claims", spy)
     requests = [GenerationRequest(prompt=f"p{i}", seed=i) for i in range(2_000)]
     CachedGenerator(_Answers(), cache).generate(requests)
+    assert on_disk_at_release == [2_000]
     assert _stored(tmp_path / "c.sqlite") == {f"p{i}": f"answer to p{i}" for i in range(2_000)}
     db = sqlite3.connect(str(tmp_path / "c.sqlite"))
     assert db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0
@@ -311,18 +331,40 @@ def test_answers_received_before_a_backend_failure_are_on_disk(tmp_path: Path) -
     assert _stored(tmp_path / "c.sqlite") == {f"p{i}": f"answer to p{i}" for i in range(30)}
 
 
-def test_a_cache_that_cannot_be_written_is_the_batch_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpsynth.errors import DpsynthError
-
+def test_a_cache_that_cannot_be_written_stops_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     cache = RequestCache(tmp_path / "c.sqlite")
 
     def full(rows):
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(cache, "put_many", full)
-    gen = CachedGenerator(_Answers(), cache)
-    with pytest.raises(DpsynthError, match="could not write answers to the request cache .*disk is full"):
-        gen.generate([GenerationRequest(prompt="x"), GenerationRequest(prompt="y")])
-    # the backend's own failure stays the error raised when both fail
-    with pytest.raises(RuntimeError, match="went away"):
+    backend = _Answers(pace=0.001)
+    with pytest.raises(CacheWriteError, match="could not write answers to the request cache .*disk is full"):
+        CachedGenerator(backend, cache).generate([GenerationRequest(prompt=f"p{i}", seed=i) for i in range(1_000)])
+    assert backend.delivered < 1_000  # it stopped sending once the answers could not be kept
+    # when the backend fails too, its error is the one raised and the cache's is logged
+    with caplog.at_level("ERROR", logger="dpsynth.run"), pytest.raises(RuntimeError, match="went away"):
         CachedGenerator(_Answers(fail_after=1), cache).generate([GenerationRequest(prompt="z", seed=s) for s in (1, 2)])
+    assert "disk is full" in caplog.text
+
+
+def test_a_request_that_cannot_be_written_is_an_error_not_a_silent_loss(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = RequestCache(tmp_path / "c.sqlite")
+
+    def broken(self):
+        raise TypeError("a message without content")
+
+    monkeypatch.setattr(GenerationRequest, "prompt_text", broken)
+    with pytest.raises(CacheWriteError, match="a message without content"):
+        CachedGenerator(_Answers(), cache).generate([GenerationRequest(prompt="x")])
+
+
+def test_an_answer_after_the_batch_closed_is_written_at_once(tmp_path: Path) -> None:
+    cache = RequestCache(tmp_path / "c.sqlite")
+    writer = _CacheWriter(cache, "late:1", "late")
+    writer.add("k1", GenerationRequest(prompt="first"), GenerationResult("one", 1, 1))
+    assert writer.close() is None
+    writer.add("k2", GenerationRequest(prompt="late"), GenerationResult("two", 1, 1))  # a backend answering late
+    assert _stored(tmp_path / "c.sqlite") == {"first": "one", "late": "two"}

@@ -150,13 +150,18 @@ class RequestCache:
         now = time.time()
         values = [(key, model, prompt, r.text, r.prompt_tokens, r.completion_tokens, now)
                   for key, model, prompt, r in rows]
-        with self._transaction() as db:
-            # A transaction that fails is rolled back whole: the rows are all written or none are.
-            db.executemany(
-                "INSERT INTO generations VALUES (?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT(key) DO UPDATE SET "
-                "text=excluded.text, writes=writes+1",
-                values,
-            )
+
+        def write() -> None:
+            with self._transaction() as db:
+                db.executemany(
+                    "INSERT INTO generations VALUES (?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT(key) DO UPDATE SET "
+                    "text=excluded.text, writes=writes+1",
+                    values,
+                )
+
+        # A transaction that fails is rolled back whole (the rows are all written or none), so one refused as
+        # "locked" at any statement, COMMIT included, is retried exactly.
+        self._retry(write)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -218,25 +223,40 @@ class RequestCache:
         self._db.close()
 
 
+class CacheWriteError(DpsynthError):
+    """Answers could not be written to the request cache: the batch stops, since what it pays for would be lost."""
+
+
 class _CacheWriter:
     """Writes one batch's answers on its own thread, those that arrive during a commit together in the next one.
 
-    Why: the thread that receives an answer (an SDK worker thread, or a `processes:` fleet's loop that also sends
-    the next request) used to commit each answer itself, 40-50 us under the cache's lock; at the thousands of
-    answers a second of a large server that is time taken from sending. Here the receiver only queues the answer.
-    An answer is on disk one commit after it arrives (a SIGKILL can lose the few queued at that moment, which a
-    later run asks for again); `close` writes everything queued before the batch's claims are released, so that
-    no other process pays for an answer this one has."""
+    Why: the thread that receives an answer (the SDK path's collecting loop, or a `processes:` fleet's loop, which
+    also sends the next request when an answer frees a slot) used to commit each answer itself, 40-90 us under the
+    cache's lock; at the thousands of answers a second of a large server that is time taken from sending. Here the
+    receiver only queues the answer. Every answer is on disk when `close` returns, which the batch calls before
+    its claims are released, so no other process pays for an answer this one has. The thread is not a daemon:
+    once `close` has posted its end mark, an interrupted caller or an exiting interpreter still waits for the
+    queued answers to be written (a SIGKILL loses them, and a later run asks for them again). After a failed write
+    nothing more is written, and the next answer's `add` raises the error, which stops the backend's sending."""
 
     def __init__(self, cache: RequestCache, model: str, name: str) -> None:
-        self._cache, self._model = cache, model
+        self._cache, self._model, self._name = cache, model, name
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._write, name=f"{name}-cache-writes", daemon=True)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._error: CacheWriteError | None = None
+        self._thread = threading.Thread(target=self._write, name=f"{name}-cache-writes")
         self._thread.start()
 
     def add(self, key: str, request: GenerationRequest, result: GenerationResult) -> None:
-        self._queue.put((key, request, result))
+        if self._error is not None:
+            raise self._error
+        with self._lock:
+            if not self._closed:
+                self._queue.put((key, request, result))
+                return
+        # a backend that answers after its `generate` returned: written here, as nothing reads the queue now
+        self._cache.put(key, self._model, request.prompt_text(), result)
 
     def _write(self) -> None:
         done = False
@@ -248,17 +268,23 @@ class _CacheWriter:
                 except queue.Empty:
                     break
             done = any(item is None for item in batch)
-            rows = [(key, self._model, request.prompt_text(), result)
-                    for key, request, result in (item for item in batch if item is not None)]
-            if rows and self._error is None:
-                try:
-                    self._cache.put_many(rows)
-                except BaseException as err:  # noqa: BLE001 - kept for `close`, which the batch's caller raises
-                    self._error = err
+            if self._error is not None:
+                continue  # drained until the end mark, so that `close` never waits on a stuck queue
+            try:
+                self._cache.put_many([(key, self._model, request.prompt_text(), result)
+                                      for key, request, result in (item for item in batch if item is not None)])
+            except BaseException as err:  # noqa: BLE001 - kept for `add` and `close`, which raise it
+                self._error = CacheWriteError(
+                    f"{self._name}: could not write answers to the request cache {self._cache.path} "
+                    f"({type(err).__name__}: {err}); stopped, so as not to pay for answers it cannot keep")
+                self._error.__cause__ = err
 
-    def close(self) -> BaseException | None:
-        """Write what is queued and stop; the error that stopped the writes, if any (later answers unwritten)."""
-        self._queue.put(None)
+    def close(self) -> CacheWriteError | None:
+        """Post the end mark, wait until everything queued is written; the error that stopped the writes, if any."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(None)
         self._thread.join()
         return self._error
 
@@ -359,13 +385,6 @@ class CachedGenerator:
     def _pay(self, indices: list[int], keys: list[str], requests: Sequence[GenerationRequest],
              deliver: ResultCallback) -> None:
         """Send the claimed requests, storing each result as it arrives (`_CacheWriter`); claims renewed meanwhile."""
-        writer = _CacheWriter(self.cache, self.model_id, self.name)
-
-        def store(j: int, result: GenerationResult) -> None:
-            i = indices[j]
-            writer.add(keys[i], requests[i], result)
-            deliver(i, result)
-
         stop = threading.Event()
 
         def renew() -> None:
@@ -378,27 +397,32 @@ class CachedGenerator:
         renewer = threading.Thread(target=renew, name="dpsynth-claims", daemon=True)
         renewer.start()
         self._started_sending()
+        failed: BaseException | None = None
+        allowed = len(indices)
+        writer = _CacheWriter(self.cache, self.model_id, self.name)
 
-        def finish() -> BaseException | None:
-            stop.set()
-            renewer.join()
-            write_error = writer.close()  # before the claims go: another process would pay for them again
-            self.cache.release_claims([keys[i] for i in indices])
-            self._stopped_sending()
-            return write_error
+        def store(j: int, result: GenerationResult) -> None:
+            i = indices[j]
+            writer.add(keys[i], requests[i], result)
+            deliver(i, result)
 
         try:
-            allowed = len(indices) if self.guard is None else self.guard.admit([requests[i] for i in indices])
+            if self.guard is not None:
+                allowed = self.guard.admit([requests[i] for i in indices])
             self.inner.generate([requests[i] for i in indices[:allowed]], on_result=store)
-        except BaseException:
-            write_error = finish()
-            if write_error is not None:  # the generation's own error is the one raised; this one is not lost
-                log.error("%s: could not write answers to the request cache (%s)", self.name, write_error)
+        except BaseException as err:
+            failed = err
             raise
-        write_error = finish()
-        if write_error is not None:
-            raise DpsynthError(f"{self.name}: could not write answers to the request cache {self.cache.path} "
-                               f"({type(write_error).__name__}: {write_error}); they are lost if this run is "
-                               "interrupted") from write_error
+        finally:
+            write_error = writer.close()  # before the claims go: another process would pay for them again
+            stop.set()
+            renewer.join()
+            self.cache.release_claims([keys[i] for i in indices])
+            self._stopped_sending()
+            if write_error is not None:
+                if failed is None:
+                    raise write_error  # noqa: B012 - only when nothing else is being raised
+                if failed is not write_error:  # the generation's own error is raised; this one is not lost
+                    log.error("%s", write_error)
         if allowed < len(indices) and self.guard is not None:
             raise self.guard.reached()
