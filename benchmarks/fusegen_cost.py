@@ -69,11 +69,15 @@ def main() -> None:
     parser.add_argument("--examples", type=int, nargs="+", default=[8, 4])
     args = parser.parse_args()
     from dpsynth.fs import cache_dir
+    from dpsynth.llm.quiet import set_verbose
+
+    set_verbose(False)  # the table only: no progress bars from the judging STMs' loading
 
     shared = cache_dir()
     runs = [("zero-shot", "zero-shot", None)] + [(f"fusegen, {e} examples", "fusegen", e) for e in args.examples]
     print(f"{args.corpus}, seed {args.seed}, N={args.n}; every run with an empty request cache")
-    print("| run | wall s | vs zero-shot | generator calls s | requests | prompt tokens | completion tokens | judging s |")
+    print("| run | wall s | vs zero-shot | generator calls s | requests | prompt tokens | completion tokens "
+          "| judging s |")
     print("|---|---|---|---|---|---|---|---|")
     baseline = None
     with tempfile.TemporaryDirectory() as tmp:
