@@ -38,6 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parent))
+from fresh_cache import fresh_request_cache  # noqa: E402
+
 
 def answer_text(texts: list[str], h: int) -> str:
     """The server's answer for a request whose body hashes to `h`: two real reviews joined."""
@@ -212,12 +215,7 @@ def main() -> None:
     last_cache = None
     for k in args.k:
         for n in args.n:
-            cache = cache_root / f"k{k}-n{n}"
-            cache.mkdir()
-            shared = Path(os.environ.get("DPSYNTH_CACHE", Path.home() / ".cache" / "dpsynth"))
-            for name in ("corpora", "models"):  # one-time assets; generations start empty
-                if (shared / name).exists():
-                    os.symlink(shared / name, cache / name)
+            cache = fresh_request_cache(cache_root / f"k{k}-n{n}")  # one-time assets shared; generations start empty
             env = {**os.environ, "DPSYNTH_CACHE": str(cache), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
             cell_args = ["--concurrency", str(args.concurrency), "--processes", str(args.processes),
                          "--m", str(args.m), "--iterations", str(args.iterations), "--embedder", args.embedder,

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fresh_cache import fresh_request_cache  # noqa: E402
 
 
 def settings(args: argparse.Namespace, method: str, examples: int | None) -> dict[str, Any]:
@@ -38,16 +42,12 @@ def settings(args: argparse.Namespace, method: str, examples: int | None) -> dic
     return raw
 
 
-def run_fresh(raw: dict[str, Any], root: Path, shared: Path) -> dict[str, Any]:
+def run_fresh(raw: dict[str, Any], root: Path) -> dict[str, Any]:
     """Run `raw` with a request cache of its own (the models, corpora and test embeddings shared)."""
     from dpsynth.runs.config import parse_config
     from dpsynth.runs.engine import Run
 
-    cache = root / "cache"
-    cache.mkdir(parents=True)
-    for name in ("corpora", "models", "embeddings-test-sets.sqlite", "embeddings-public.sqlite"):
-        if (shared / name).exists():
-            os.symlink(shared / name, cache / name)
+    cache = fresh_request_cache(root / "cache")
     before = os.environ.get("DPSYNTH_CACHE")
     os.environ["DPSYNTH_CACHE"] = str(cache)
     try:
@@ -68,12 +68,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--examples", type=int, nargs="+", default=[8, 4])
     args = parser.parse_args()
-    from dpsynth.fs import cache_dir
     from dpsynth.llm.quiet import set_verbose
 
     set_verbose(False)  # the table only: no progress bars from the judging STMs' loading
 
-    shared = cache_dir()
     runs = [("zero-shot", "zero-shot", None)] + [(f"fusegen, {e} examples", "fusegen", e) for e in args.examples]
     print(f"{args.corpus}, seed {args.seed}, N={args.n}; every run with an empty request cache")
     print("| run | wall s | vs zero-shot | generator calls s | requests | prompt tokens | completion tokens "
@@ -82,7 +80,7 @@ def main() -> None:
     baseline = None
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, method, examples) in enumerate(runs):
-            metrics = run_fresh(settings(args, method, examples), Path(tmp) / str(i), shared)
+            metrics = run_fresh(settings(args, method, examples), Path(tmp) / str(i))
             t, usage = metrics["timings"], metrics["usage"].values()
             wall = t["wall"] - t.get("load_models", 0.0)  # the models load once per run here, once per grid there
             baseline = baseline or wall

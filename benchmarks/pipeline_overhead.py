@@ -1,6 +1,6 @@
 """Pipeline overhead: the share of a WASP run's wall time spent outside generator calls.
 
-    .venv/bin/python benchmarks/pipeline_overhead.py                # runs the demo config, fresh cache
+    .venv/bin/python benchmarks/pipeline_overhead.py                # runs the WASP demo config (dpsynth demo --wasp), fresh cache
     .venv/bin/python benchmarks/pipeline_overhead.py --n 120        # a smaller run
     .venv/bin/python benchmarks/pipeline_overhead.py --run-dir runs/demo   # read a finished run
 
@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from importlib.resources import files
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fresh_cache import fresh_request_cache  # noqa: E402
 
 
 def report(metrics: dict) -> None:
@@ -41,20 +45,12 @@ def main() -> None:
     from dpsynth.runs.config import parse_config
     from dpsynth.runs.engine import Run
 
-    raw = yaml.safe_load(files("dpsynth.configs").joinpath("demo.yaml").read_text())
+    raw = yaml.safe_load(files("dpsynth.configs").joinpath("demo_wasp.yaml").read_text())
     if args.n:
         raw["wasp"]["n"] = args.n
-    from dpsynth.fs import cache_dir
-
-    shared = cache_dir()
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = Path(tmp) / "cache"
-        fresh.mkdir()
-        # keep the one-time assets (corpus, models, public test embeddings); only generations start empty
-        for name in ("corpora", "models", "embeddings-public.sqlite"):
-            if (shared / name).exists():
-                os.symlink(shared / name, fresh / name)
-        os.environ["DPSYNTH_CACHE"] = str(fresh)
+        # the one-time assets (corpora, models, test-set embeddings) shared; only generations start empty
+        os.environ["DPSYNTH_CACHE"] = str(fresh_request_cache(Path(tmp) / "cache"))
         result = Run.create(parse_config(raw), Path(tmp) / "run").execute()
     report(result["metrics"])
 
