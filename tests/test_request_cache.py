@@ -368,3 +368,25 @@ def test_an_answer_after_the_batch_closed_is_written_at_once(tmp_path: Path) -> 
     assert writer.close() is None
     writer.add("k2", GenerationRequest(prompt="late"), GenerationResult("two", 1, 1))  # a backend answering late
     assert _stored(tmp_path / "c.sqlite") == {"first": "one", "late": "two"}
+
+
+def test_a_request_key_covers_every_field_and_keeps_the_keys_of_earlier_caches() -> None:
+    """The key is built by hand (speed); it must equal the key of every field through `asdict`, so that a field
+    added to GenerationRequest without being added to the key fails here, and the keys of caches written before
+    (pinned vectors) still hit."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    requests = [
+        GenerationRequest(messages=(("system", "Write reviews."), ("user", "A positive one: é")), seed=7, stop=("\n",)),
+        GenerationRequest(prompt="A review:", max_tokens=32, temperature=0.7, top_p=1.0, seed=3),
+    ]
+    for request in requests:
+        by_every_field = json.dumps({"model": "openai:x:m", **asdict(request)}, sort_keys=True)
+        assert request.cache_key("openai:x:m") == hashlib.sha256(by_every_field.encode()).hexdigest()
+    messages = (("system", "You write reviews. " * 10), ("user", "Write a positive review " * 20))
+    chat = GenerationRequest(messages=messages, seed=0, stop=("\n\n",))
+    assert chat.cache_key("openai:x:m") == "35c15729af52c9c4bdb729422acf6c8a2a70a35980a3d96d86d23ef04d983099"
+    assert GenerationRequest(prompt="A review:", seed=3).cache_key("llama:y") == (
+        "a1824d64c864efcae0f8eaab5957b9c2c65c7705eb5008a588522fccb1b11efc")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
@@ -120,7 +121,9 @@ def generate_samples(
     wanted = {p.plm: dict(p.per_label) for p in plans}
     target = {p.plm: sum(p.per_label.values()) for p in plans}
     progress = _Progress(target, on_progress)
-    early = (_Replacements(plans, generators, existing, make_requests, max_attempts, progress)
+    # each answer is cleaned once: as it arrives (to find drops early) and in the plan-order pass below
+    clean = functools.cache(clean_generation)
+    early = (_Replacements(plans, generators, existing, make_requests, max_attempts, progress, clean)
              if _Replacements.apply(plans, generators, max_attempts) else None)
     for attempt in range(max_attempts):
         asking = [p.plm for p in plans if sum(wanted[p.plm].values()) > 0]
@@ -134,7 +137,7 @@ def generate_samples(
             answers = _ask_all(batches, generators, progress, known=early.known if early is not None else None)
         for plm in asking:
             for (label, _), result in zip(batches[plm], answers[plm]):
-                text, reason = clean_generation(result.text)
+                text, reason = clean(result.text)
                 if text is not None and (label, text.lower()) in seen:
                     text, reason = None, "duplicate"
                 if text is None:
@@ -217,11 +220,11 @@ class _Replacements:
 
     def __init__(self, plans: Sequence[GenerationPlan], generators: dict[str, CachedGenerator],
                  existing: Sequence[SyntheticSample], make_requests: RequestMaker, max_attempts: int,
-                 progress: _Progress) -> None:
+                 progress: _Progress, clean: Callable[[str], tuple[str | None, str]]) -> None:
         self.plms = [p.plm for p in plans]
         self.labels = {p.plm: list(p.per_label) for p in plans}
         self.generators, self.make_requests, self.max_attempts = generators, make_requests, max_attempts
-        self.progress = progress
+        self.progress, self.clean = progress, clean
         # (label, text) -> the position of the answer that keeps it: (attempt, PLM, label, index); (-1,): earlier
         self.holder: dict[tuple[str, str], tuple[int, ...]] = {(x.label, x.text.lower()): (-1,) for x in existing}
         self.drops: dict[tuple[str, str, int], int] = {}
@@ -255,7 +258,7 @@ class _Replacements:
         return answers
 
     def heard(self, plm: str, label: str, attempt: int, j: int, result: GenerationResult) -> None:
-        text, _ = clean_generation(result.text)
+        text, _ = self.clean(result.text)
         with self.lock:
             if text is None:
                 self.dropped(plm, label, attempt)

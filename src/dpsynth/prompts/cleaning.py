@@ -43,7 +43,7 @@ def clean_generation(raw: str) -> tuple[str | None, str]:
     """(clean text, 'ok') or (None, reason): empty, preamble_only, prompt_echo, too_short, degenerate."""
     text = raw.strip()
     text = text.split("\n\n")[0].strip()
-    example = _EXAMPLE_FORMAT.match(text)
+    example = _EXAMPLE_FORMAT.match(text) if ":" in text else None  # the format has a colon; most texts do not
     if example:  # the model wrote a new example in the prompt's own 'A ... is: "..."' format
         text = example.group("text")
     if text.endswith(":"):
@@ -67,5 +67,7 @@ def clean_generation(raw: str) -> tuple[str | None, str]:
 def _degenerate(words: list[str]) -> bool:
     if len(words) >= 12 and len(set(words)) / len(words) < 0.4:
         return True
-    trigrams = Counter(zip(words, words[1:], words[2:]))
-    return bool(trigrams) and max(trigrams.values()) >= 4
+    trigrams = list(zip(words, words[1:], words[2:]))
+    if len(set(trigrams)) > len(trigrams) - 3:  # fewer than 3 repeats: no trigram can occur 4 times (most texts)
+        return False
+    return max(Counter(trigrams).values()) >= 4

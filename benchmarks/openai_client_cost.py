@@ -1,0 +1,96 @@
+"""The client's CPU a request: dpsynth's OpenAI-compatible generator against the OpenAI SDK's typed `create`.
+
+    .venv/bin/python benchmarks/openai_client_cost.py                       # 64 in flight, 1,280 requests
+    .venv/bin/python benchmarks/openai_client_cost.py --concurrency 8 --requests 320 --rounds 3
+
+One process asks as many requests a second as its CPU allows under one interpreter lock, so the client's CPU a
+request sets the ceiling of an API generator (docs/scale.md; `processes:` raises it by using more processes).
+The baseline is what the generator did before: `client.chat.completions.with_raw_response.create(...)`, the SDK's
+typed call, whose TypedDict transforms of the parameters cost about a third of the client's time. dpsynth now
+sends the same body through the SDK's generic `post` (same auth, base URL, timeout and error types). Both ask the
+same requests of the benchmark's real loopback server (`api_scale.serve`: a fixed latency, real reviews as
+answers) from a pool of `--concurrency` threads, alternating in rounds; printed: client CPU per request (this
+process, server excluded), wall time against the latency bound (requests / concurrency x latency), and the
+ratio of dpsynth's CPU to the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from api_scale import free_port, serve  # noqa: E402
+
+
+def timed(ask: Callable[[int], object], requests: int, concurrency: int) -> tuple[float, float]:
+    """(client CPU seconds, wall seconds) to ask `requests` requests with `concurrency` threads."""
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(ask, range(concurrency)))  # connections opened and threads started before timing
+        cpu, wall = time.process_time(), time.perf_counter()
+        list(pool.map(ask, range(requests)))
+        return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=1280)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    from dpsynth.data.corpora import get_corpus
+    from dpsynth.llm.base import GenerationRequest
+    from dpsynth.llm.openai_backend import OpenAICompatGenerator
+
+    ready: mp.Queue = mp.Queue()
+    port = free_port()
+    server = mp.Process(target=serve, args=(port, ready, args.latency, get_corpus("rotten_tomatoes").load().texts),
+                        daemon=True)
+    server.start()
+    ready.get(timeout=60)
+    url = f"http://127.0.0.1:{port}/v1"
+    gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=args.concurrency)
+    messages = (("system", "You write short movie reviews."), ("user", "Write a positive movie review. " * 8))
+
+    def request(i: int) -> GenerationRequest:
+        return GenerationRequest(messages=messages, max_tokens=64, temperature=1.0, top_p=0.95, seed=i)
+
+    def typed_create(i: int) -> object:  # the baseline: the SDK's typed call, as the generator made it before
+        r = request(i)
+        raw = gen._client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": role, "content": text} for role, text in r.messages or ()],  # type: ignore[misc]
+            max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, seed=r.seed)
+        return raw.http_response.content
+
+    def dpsynth_generator(i: int) -> object:
+        return gen._attempt(request(i))
+
+    bound = args.requests / args.concurrency * args.latency
+    cpu: dict[str, list[float]] = {"SDK typed create (before)": [], "dpsynth generator (now)": []}
+    walls: dict[str, list[float]] = {name: [] for name in cpu}
+    for _ in range(args.rounds):
+        for name, ask in zip(cpu, (typed_create, dpsynth_generator)):
+            c, w = timed(ask, args.requests, args.concurrency)
+            cpu[name].append(c / args.requests)
+            walls[name].append(w)
+    server.terminate()
+    print(f"{args.requests} requests, {args.concurrency} in flight, server latency {args.latency} s "
+          f"(latency bound {bound:.2f} s); medians of {args.rounds} rounds, alternating")
+    print("| client | CPU ms/request | wall s | / latency bound | CPU vs baseline |")
+    print("|---|---|---|---|---|")
+    base = statistics.median(cpu["SDK typed create (before)"])
+    for name in cpu:
+        c, w = statistics.median(cpu[name]), statistics.median(walls[name])
+        print(f"| {name} | {c * 1e3:.2f} | {w:.2f} | {w / bound:.2f}x | {c / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
