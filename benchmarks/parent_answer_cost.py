@@ -12,8 +12,10 @@ hand-off (docs/scale.md). The benchmark asks one generator (`--processes` reques
 flight) of the benchmark's real loopback server (`api_scale.serve`, `--latency` s, real reviews as answers) for
 `--answers` answers through three layers, alternating in rounds: the request fleet alone, `CachedGenerator` over it
 (an empty request cache: keys, claims, writes), and `generate_samples` (cleaning, duplicates, early replacements).
-Printed per layer: this process's CPU per answer (its threads; the workers and the server excluded), the answers
-a second this CPU alone would allow, and its share of the budget at `--target-rate`.
+Printed per layer: this process's CPU per answer (its threads; the workers and the server excluded), what the
+layer adds to the one below, the answers a second this CPU alone would allow, and its share of the budget at
+`--target-rate`. The fleet's own figure depends on how many answers arrive per wake-up (the machine's load), so
+compare the layers' additions between versions, in alternating runs.
 """
 
 from __future__ import annotations
@@ -90,11 +92,13 @@ def main() -> None:
     print(f"{n} answers a layer, {args.processes} request process(es), {args.concurrency} in flight, latency "
           f"{args.latency} s; medians of {args.rounds} rounds; budget at {args.target_rate:.0f} answers/s: "
           f"{budget * 1e6:.0f} us an answer")
-    print("| layer | this process's CPU us/answer | answers/s it allows | share of the budget |")
-    print("|---|---|---|---|")
+    print("| layer | this process's CPU us/answer | added by the layer | answers/s it allows | share of the budget |")
+    print("|---|---|---|---|---|")
+    below = 0.0
     for name, values in cpu.items():
         c = statistics.median(values)
-        print(f"| {name} | {c * 1e6:.0f} | {1 / c:.0f} | {c / budget:.2f} |")
+        print(f"| {name} | {c * 1e6:.0f} | {(c - below) * 1e6:.0f} | {1 / c:.0f} | {c / budget:.2f} |")
+        below = c
 
 
 if __name__ == "__main__":
