@@ -93,6 +93,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_servers(latency: float, processes: int = 1, drop: int = 0) -> tuple[str, list[mp.Process]]:
+    """The loopback server (`serve`, real Rotten Tomatoes reviews as answers) in `processes` daemon processes on
+    one port, ready: its base URL and the processes (every benchmark that asks an API starts it this way)."""
+    from dpsynth.data.corpora import get_corpus
+
+    texts = get_corpus("rotten_tomatoes").load().texts
+    ready: mp.Queue = mp.Queue()
+    port = free_port()
+    servers = [mp.Process(target=serve, args=(port, ready, latency, texts, drop), daemon=True)
+               for _ in range(processes)]
+    for server in servers:
+        server.start()
+    for _ in servers:
+        ready.get(timeout=60)
+    return f"http://127.0.0.1:{port}/v1", servers
+
+
 def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int, *, embedder: str, device: str,
              noise_seed: int | None, processes: int) -> dict:
     """One WASP run in this process (called in a child): its metrics and peak memory."""
@@ -186,15 +203,7 @@ def main() -> None:
     from dpsynth.data.corpora import get_corpus
 
     texts = get_corpus("rotten_tomatoes").load().texts
-    ready: mp.Queue = mp.Queue()
-    port = free_port()
-    servers = [mp.Process(target=serve, args=(port, ready, args.latency, texts), daemon=True)
-               for _ in range(args.server_processes)]
-    for server in servers:
-        server.start()
-    for _ in servers:
-        ready.get(timeout=60)
-    url = f"http://127.0.0.1:{port}/v1"
+    url, servers = start_servers(args.latency, args.server_processes)
     from dpsynth.device import resolve_device
 
     # enough texts for the peak to be the encoder's, not its start-up: a GPU needs many more than a CPU

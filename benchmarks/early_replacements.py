@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from api_scale import serve  # noqa: E402 - the same loopback server, with empty answers
+from api_scale import start_servers  # noqa: E402 - the same loopback server, with empty answers
 
 
 def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, float, float]:
@@ -100,13 +99,7 @@ def main() -> None:
     parser.add_argument("--drop", type=int, default=1, help="percent of answers the server leaves empty")
     args = parser.parse_args()
 
-    from dpsynth.data.corpora import get_corpus
-
-    ready: mp.Queue = mp.Queue()
-    server = mp.Process(target=serve, args=(0, ready, args.latency, get_corpus("rotten_tomatoes").load().texts,
-                                            args.drop), daemon=True)
-    server.start()
-    url = f"http://127.0.0.1:{ready.get(timeout=60)}/v1"
+    url, servers = start_servers(args.latency, drop=args.drop)
     print(f"K={args.k}, {args.n} samples an iteration, {args.iterations} iterations, {args.concurrency} requests in "
           f"flight per generator, latency {args.latency} s, {args.drop}% empty answers")
     rows = [("after the first batch (baseline)", *run_mode(False, args, url)),
@@ -120,7 +113,8 @@ def main() -> None:
     for name, requests, seconds, bound in rows:
         print(f"| {name} | {requests} | {seconds:.2f} | {seconds / bound:.2f}x | {seconds / floor:.2f}x "
               f"| {seconds / rows[0][2]:.2f}x |")
-    server.terminate()
+    for server in servers:
+        server.terminate()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ ratio of dpsynth's CPU to the baseline's.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from api_scale import free_port, serve  # noqa: E402
+from api_scale import start_servers  # noqa: E402
 
 
 def timed(ask: Callable[[int], object], requests: int, concurrency: int) -> tuple[float, float]:
@@ -46,17 +45,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from dpsynth.data.corpora import get_corpus
     from dpsynth.llm.base import GenerationRequest
-    from dpsynth.llm.openai_backend import OpenAICompatGenerator
+    from dpsynth.llm.openai_backend import OpenAICompatGenerator, parse_answer
+    from dpsynth.llm.spend import worst_case
 
-    ready: mp.Queue = mp.Queue()
-    port = free_port()
-    server = mp.Process(target=serve, args=(port, ready, args.latency, get_corpus("rotten_tomatoes").load().texts),
-                        daemon=True)
-    server.start()
-    ready.get(timeout=60)
-    url = f"http://127.0.0.1:{port}/v1"
+    url, servers = start_servers(args.latency)
     gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=args.concurrency)
     messages = (("system", "You write short movie reviews."), ("user", "Write a positive movie review. " * 8))
 
@@ -68,7 +61,7 @@ def main() -> None:
         raw = gen._client.chat.completions.with_raw_response.create(
             model="m", messages=[{"role": role, "content": text} for role, text in r.messages or ()],  # type: ignore[misc]
             max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, seed=r.seed)
-        return raw.http_response.content
+        return parse_answer(raw.http_response.content, chat=True, unreported=worst_case(r))
 
     def dpsynth_generator(i: int) -> object:
         return gen._attempt(request(i))
@@ -81,7 +74,8 @@ def main() -> None:
             c, w = timed(ask, args.requests, args.concurrency)
             cpu[name].append(c / args.requests)
             walls[name].append(w)
-    server.terminate()
+    for server in servers:
+        server.terminate()
     print(f"{args.requests} requests, {args.concurrency} in flight, server latency {args.latency} s "
           f"(latency bound {bound:.2f} s); medians of {args.rounds} rounds, alternating")
     print("| client | CPU ms/request | wall s | / latency bound | CPU vs baseline |")

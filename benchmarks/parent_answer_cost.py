@@ -10,8 +10,10 @@ answers a second of the whole run: at the WASP paper's scale (K=6, 64 in flight 
 second, a budget of 521 us an answer, and a process that is busy most of that time also delays each answer's
 hand-off (docs/scale.md). The benchmark asks one generator (`--processes` request processes, `--concurrency` in
 flight) of the benchmark's real loopback server (`api_scale.serve`, `--latency` s, real reviews as answers) for
-`--answers` answers through three layers, alternating in rounds: the request fleet alone, `CachedGenerator` over it
-(an empty request cache: keys, claims, writes), and `generate_samples` (cleaning, duplicates, early replacements).
+`--answers` answers (WASP's zero-shot prompts) through three layers, alternating in rounds: the request fleet alone,
+`CachedGenerator` over it (an empty request cache: keys, claims, writes), and `generate_samples` (building the
+prompts, cleaning, duplicates, early replacements; its CPU is divided by the answers received, replacements
+included).
 Printed per layer: this process's CPU per answer (its threads; the workers and the server excluded), what the
 layer adds to the one below, the answers a second this CPU alone would allow, and its share of the budget at
 `--target-rate`. The fleet's own figure depends on how many answers arrive per wake-up (the machine's load), so
@@ -21,7 +23,6 @@ compare the layers' additions between versions, in alternating runs.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import statistics
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from api_scale import free_port, serve  # noqa: E402
+from api_scale import start_servers  # noqa: E402
 
 
 def main() -> None:
@@ -43,7 +44,6 @@ def main() -> None:
     parser.add_argument("--target-rate", type=float, default=1920.0, help="answers a second the run must take in")
     args = parser.parse_args()
 
-    from dpsynth.data.corpora import get_corpus
     from dpsynth.data.records import TaskSpec
     from dpsynth.llm.base import GenerationRequest
     from dpsynth.llm.cache import CachedGenerator, RequestCache
@@ -51,43 +51,40 @@ def main() -> None:
     from dpsynth.methods.generation import GenerationPlan, generate_samples, zero_shot_requests
     from dpsynth.prompts.builder import PromptSettings
 
-    ready: mp.Queue = mp.Queue()
-    port = free_port()
-    server = mp.Process(target=serve, args=(port, ready, args.latency, get_corpus("rotten_tomatoes").load().texts),
-                        daemon=True)
-    server.start()
-    ready.get(timeout=60)
-    gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{port}/v1", max_concurrency=args.concurrency,
-                                processes=args.processes)
+    url, servers = start_servers(args.latency)
+    gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=args.concurrency, processes=args.processes)
     task = TaskSpec(text_kind="movie review", labels={"negative": "a negative review", "positive": "a positive review"})
-    n = args.answers
-    scratch = Path(tempfile.mkdtemp(prefix="parent-answer-cost-"))
+    plan = GenerationPlan("plm", {"negative": args.answers // 2, "positive": args.answers - args.answers // 2})
 
-    def requests(tag: str) -> list[GenerationRequest]:
-        return [GenerationRequest(messages=(("user", f"Write a movie review ({tag} {i})."),), seed=i) for i in range(n)]
+    def requests(tag: str) -> list[GenerationRequest]:  # the zero-shot prompts generate_samples sends, at every layer
+        return [r for _, r in zero_shot_requests(task, PromptSettings(), tag)(plan, 0, True)]
 
-    def fleet(tag: str) -> None:
-        gen.generate(requests(tag))
+    def fleet(tag: str, _: Path) -> int:
+        return len(gen.generate(requests(tag)))
 
-    def cached(tag: str) -> None:
-        CachedGenerator(gen, RequestCache(scratch / f"{tag}.sqlite")).generate(requests(tag))
+    def cached(tag: str, cache: Path) -> int:
+        return len(CachedGenerator(gen, RequestCache(cache)).generate(requests(tag)))
 
-    def samples(tag: str) -> None:
-        plans = [GenerationPlan("plm", {"negative": n // 2, "positive": n - n // 2})]
-        plm = CachedGenerator(gen, RequestCache(scratch / f"{tag}.sqlite"))
-        generate_samples(0, plans=plans, generators={"plm": plm}, existing=[],
-                         make_requests=zero_shot_requests(task, PromptSettings(), tag), max_attempts=3)
+    def samples(tag: str, cache: Path) -> int:
+        _, stats = generate_samples(0, plans=[plan], generators={"plm": CachedGenerator(gen, RequestCache(cache))},
+                                    existing=[], make_requests=zero_shot_requests(task, PromptSettings(), tag),
+                                    max_attempts=3)
+        return sum(s["kept"] + sum(s["dropped"].values()) for s in stats.values())  # replacements included
 
-    layers: dict[str, Callable[[str], None]] = {"request fleet": fleet, "+ request cache (CachedGenerator)": cached,
-                                                "+ cleaning, duplicates (generate_samples)": samples}
-    fleet("warm-up")
+    layers: dict[str, Callable[[str, Path], int]] = {
+        "request fleet": fleet, "+ request cache (CachedGenerator)": cached,
+        "+ prompts, cleaning, duplicates (generate_samples)": samples}
     cpu: dict[str, list[float]] = {name: [] for name in layers}
-    for r in range(args.rounds):
-        for name, run in layers.items():
-            start = time.process_time()
-            run(f"{r}-{len(cpu[name])}-{name[:6]}")
-            cpu[name].append((time.process_time() - start) / n)
-    server.terminate()
+    with tempfile.TemporaryDirectory(prefix="parent-answer-cost-") as scratch:
+        fleet("warm-up", Path(scratch))
+        for r in range(args.rounds):
+            for i, (name, run) in enumerate(layers.items()):
+                start = time.process_time()
+                answers = run(f"round {r} layer {i}", Path(scratch) / f"{r}-{i}.sqlite")
+                cpu[name].append((time.process_time() - start) / answers)
+    for server in servers:
+        server.terminate()
+    n = args.answers
     budget = 1 / args.target_rate
     print(f"{n} answers a layer, {args.processes} request process(es), {args.concurrency} in flight, latency "
           f"{args.latency} s; medians of {args.rounds} rounds; budget at {args.target_rate:.0f} answers/s: "

@@ -83,6 +83,58 @@ def test_retries_429_and_5xx_with_backoff() -> None:
         server.shutdown()
 
 
+class _Recording(BaseHTTPRequestHandler):
+    """Keeps every request's path, body and headers; answers in the format of the path (chat or completion)."""
+
+    asked: list[tuple[str, dict, dict]] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        _Recording.asked.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
+                                 {k.lower(): v for k, v in self.headers.items()}))
+        chat = self.path.endswith("/chat/completions")
+        message = {"role": "assistant", "content": "Ein schöner Film."}
+        choice = {"message": message} if chat else {"text": "A fine film."}
+        body = json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop", **choice}],
+                           "usage": {"prompt_tokens": 5, "completion_tokens": 4}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_requests_carry_every_setting_and_answers_come_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body the endpoint receives (sent through the SDK's generic `post`) and the answer parsed from the raw
+    bytes: a change of the SDK's raw-response handling, or a setting left out, fails here."""
+    monkeypatch.setenv("DPSYNTH_TEST_KEY", "sk-test")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        gen = OpenAICompatGenerator("my-model", base_url=f"http://127.0.0.1:{server.server_port}/v1",
+                                    api_key_env="DPSYNTH_TEST_KEY")
+        chat = GenerationRequest(messages=(("system", "Write reviews."), ("user", "One, positive: é")),
+                                 max_tokens=48, temperature=0.7, top_p=0.9, stop=("\n\n",), seed=11)
+        completion = GenerationRequest(prompt="A review:", max_tokens=16, seed=3)
+        chat_answer, completion_answer = gen.generate([chat]) + OpenAICompatGenerator(
+            "base-model", base_url=f"http://127.0.0.1:{server.server_port}/v1", chat=False).generate([completion])
+    finally:
+        server.shutdown()
+    assert (chat_answer.text, chat_answer.prompt_tokens, chat_answer.completion_tokens) == (
+        "Ein schöner Film.", 5, 4)
+    assert completion_answer.text == "A fine film."
+    (chat_path, chat_body, chat_headers), (completion_path, completion_body, _) = _Recording.asked
+    assert chat_path == "/v1/chat/completions" and chat_headers["authorization"] == "Bearer sk-test"
+    assert chat_body == {"model": "my-model", "max_tokens": 48, "temperature": 0.7, "top_p": 0.9, "seed": 11,
+                         "stop": ["\n\n"], "messages": [{"role": "system", "content": "Write reviews."},
+                                                         {"role": "user", "content": "One, positive: é"}]}
+    assert completion_path == "/v1/completions"
+    assert completion_body == {"model": "base-model", "max_tokens": 16, "temperature": 1.0, "top_p": 0.95, "seed": 3,
+                               "prompt": "A review:"}
+
+
 def test_gives_up_with_a_clear_error_after_retries() -> None:
     from dpsynth.errors import DpsynthError
 

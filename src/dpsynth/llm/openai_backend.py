@@ -20,6 +20,7 @@ import json
 import math
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -108,6 +109,17 @@ def parse_answer(body: bytes, *, chat: bool, unreported: tuple[int, int] | None 
     return GenerationResult(text, prompt or 0, completion or 0)
 
 
+def _sdk_response_class() -> type:
+    """What `cast_to` must name for the SDK's `post` to return the raw HTTP response: its HTTP client's Response
+    class (httpx2's where the SDK runs on httpx2, as from openai 3 on, which it imports with itself; httpx's before)."""
+    module = sys.modules.get("httpx2")
+    if module is None:
+        import httpx
+
+        return httpx.Response
+    return module.Response
+
+
 class OpenAICompatGenerator:
     # its work happens on a server: a run's API generators are asked side by side (methods/generation.py)
     runs_remotely = True
@@ -128,7 +140,6 @@ class OpenAICompatGenerator:
         processes: int = 1,
     ) -> None:
         try:
-            import httpx
             import openai
         except ImportError as err:
             raise DpsynthError("the OpenAI-compatible backend needs openai: pip install 'dpsynth[openai]'") from err
@@ -136,7 +147,7 @@ class OpenAICompatGenerator:
         if key is None and base_url is None:
             raise DpsynthError(f"environment variable {api_key_env} is not set; export your API key there")
         self._openai = openai
-        self._httpx_response = httpx.Response
+        self._raw_response = _sdk_response_class()
         # The client does not retry: this backend retries everything itself, malformed answers included,
         # so that every retry is counted and bounded by the same max_retries.
         self._client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url, max_retries=0, timeout=timeout)
@@ -241,7 +252,7 @@ class OpenAICompatGenerator:
         # caps how many requests one process can ask a second. The raw answer is parsed here, strictly: the
         # client's lenient parsing lets an empty or broken answer through as an object that fails (or worse,
         # becomes an empty sample) later.
-        response = self._client.post(path, body=body, cast_to=self._httpx_response)
+        response: Any = self._client.post(path, body=body, cast_to=self._raw_response)
         return parse_answer(response.content, chat=request.messages is not None, unreported=worst_case(request))
 
     def _retry_delay(self, err: BaseException, attempt: int) -> float | None:

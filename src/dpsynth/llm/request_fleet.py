@@ -2,14 +2,14 @@
 
 Why: one Python process spends about 1 ms of CPU on each request (building it, httpx, parsing the answer; 1.4 ms
 with the SDK's typed `create`, used before) under one interpreter lock, a ceiling of several hundred requests a
-second whatever the concurrency (600-700 measured with `create` on a 16-core machine: docs/scale.md). An endpoint with many replicas answers faster than that, so at the
-WASP paper's scale the client, not the server, set the pace. Here the requests go to `processes` worker processes,
-each with its own client and its share of `max_concurrency` threads, under the same retry rules; the parent hands
-out at most `max_concurrency` requests at a time (so that a failure stops the rest quickly), every answer comes
-back as it arrives (the request cache keeps every paid-for answer), and the first request that gives up stops
-the others from retrying. Several threads may share the fleet (a run asks for replacements of dropped answers
-while its main batch is in flight): a request that gives up stops every call in flight, and each of them reports
-that request's error, not "cancelled".
+second whatever the concurrency (600-700 measured with `create` on a 16-core machine: docs/scale.md). An endpoint
+with many replicas answers faster than that, so at the WASP paper's scale the client, not the server, set the pace.
+Here the requests go to `processes` worker processes, each with its own client and its share of `max_concurrency`
+threads, under the same retry rules; the parent hands out at most `max_concurrency` requests at a time (so that a
+failure stops the rest quickly), every answer comes back as it arrives (the request cache keeps every paid-for
+answer), and the first request that gives up stops the others from retrying. Several threads may share the fleet (a
+run asks for replacements of dropped answers while its main batch is in flight): a request that gives up stops every
+call in flight, and each of them reports that request's error, not "cancelled".
 """
 
 from __future__ import annotations
