@@ -11,6 +11,9 @@ is one WASP run (T=5, M private records, K generators with `--concurrency` reque
 empty request cache) in a fresh process, so that its peak resident memory is its own. Per cell it prints:
 - generation time against the latency bound of the generators side by side: per iteration, the largest
   generator's ceil(requests / concurrency) x latency, summed (re-asks counted in their iteration);
+- the run's own process's CPU while it generates (all its threads, in cores: CPU seconds / wall seconds inside
+  `generate_samples`; the request processes and the server excluded): near 1 with `processes:`, the process that
+  routes, stores and cleans every answer under one interpreter lock is what sets the pace;
 - dpsynth's own time: the wall time less generation, embedding, voting and model loading, per request, and after
   the table per K its fixed part and its marginal cost per request (the least-squares line over the N's);
 - embedding throughput (synthetic texts / embedding time; the holder embeds the private texts inside its
@@ -129,10 +132,25 @@ def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int
     }
     if noise_seed is not None:
         raw["privacy"]["noise_seed"] = noise_seed
+    import dpsynth.methods.wasp as wasp
+
+    spent = {"cpu": 0.0, "wall": 0.0}  # this process's CPU (all its threads) and wall time inside generate_samples
+    generate = wasp.generate_samples
+
+    def timed_generate(*args, **kwargs):  # a pass-through, timed
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            spent["cpu"] += time.process_time() - cpu
+            spent["wall"] += time.perf_counter() - wall
+
+    wasp.generate_samples = timed_generate  # only in this cell's process
     with tempfile.TemporaryDirectory() as tmp:
         result = Run.create(parse_config(raw), Path(tmp) / "run").execute()
     metrics = result["metrics"]
-    return {"metrics": metrics, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {"metrics": metrics, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "generation_cpu_s": spent["cpu"], "generation_wall_s": spent["wall"]}
 
 
 def latency_bound(metrics: dict, concurrency: int, latency: float) -> float:
@@ -215,9 +233,9 @@ def main() -> None:
           f"in flight per generator from {args.processes} process(es) each; "
           f"encoder peak {peak:.0f} texts/s ({args.embedder} on {args.device}, texts like the answers, this machine)"
           + ("; seeded numpy noise" if args.noise_seed is not None else "; OpenDP's exact noise"))
-    print("| K | N | requests | generation s | / latency bound | own ms/request | embedding texts/s | / peak "
-          "| voting s | wall s | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| K | N | requests | generation s | / latency bound | run's CPU in generation, cores | own ms/request "
+          "| embedding texts/s | / peak | voting s | wall s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     cache_root = Path(tempfile.mkdtemp(prefix="api-scale-"))
     rss: dict[int, dict[int, int]] = {}
     own_s: dict[int, dict[int, tuple[int, float]]] = {}  # K -> N -> (requests, own seconds)
@@ -248,7 +266,8 @@ def main() -> None:
             rss.setdefault(k, {})[n] = cell["peak_rss_bytes"]
             own_s.setdefault(k, {})[n] = (requests, own)
             generation, voting = t.get("generation", 0.0), t.get("voting", 0.0)
-            print(f"| {k} | {n} | {requests} | {generation:.1f} | {generation / bound:.2f}x "
+            busy = cell["generation_cpu_s"] / cell["generation_wall_s"] if cell["generation_wall_s"] else float("nan")
+            print(f"| {k} | {n} | {requests} | {generation:.1f} | {generation / bound:.2f}x | {busy:.2f} "
                   f"| {own / requests * 1e3:.2f} | {throughput:.0f} | {throughput / peak:.2f} | {voting:.1f} "
                   f"| {t['wall']:.1f} | {cell['peak_rss_bytes'] / 2**20:.0f} |")
             last_cache = cache / "requests.sqlite"
