@@ -38,6 +38,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _reply(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class _Flaky(BaseHTTPRequestHandler):
     failures = [429, 503]
     seen: list[int] = []
@@ -60,11 +68,7 @@ class _Flaky(BaseHTTPRequestHandler):
                          "message": {"role": "assistant", "content": "A fine film."}}],
             "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
         }).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _reply(self, body)
 
     def log_message(self, *args) -> None:
         pass
@@ -96,11 +100,7 @@ class _Recording(BaseHTTPRequestHandler):
         choice = {"message": message} if chat else {"text": "A fine film."}
         body = json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop", **choice}],
                            "usage": {"prompt_tokens": 5, "completion_tokens": 4}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _reply(self, body)
 
     def log_message(self, *args) -> None:
         pass
