@@ -535,3 +535,25 @@ def test_a_call_that_stops_early_frees_its_slots() -> None:
                 gen.generate([GenerationRequest(messages=(("user", f"{k} t{i}"),)) for i in range(20)],
                              on_result=full_disk)
         assert [r.text for r in gen.generate([GenerationRequest(messages=(("user", "x"),))] * 5)] == ["x"] * 5
+
+
+def test_a_batch_paced_by_the_client_cpu_is_told_once_how_to_lift_it(monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from dpsynth.llm import openai_backend
+
+    assert openai_backend.client_bound(cpu_seconds=3.5, wall_seconds=4.0, requests=1280, concurrency=64)
+    assert not openai_backend.client_bound(cpu_seconds=2.0, wall_seconds=4.0, requests=1280, concurrency=64)  # idle
+    assert not openai_backend.client_bound(cpu_seconds=0.9, wall_seconds=1.0, requests=1280, concurrency=64)  # short
+    assert not openai_backend.client_bound(cpu_seconds=3.5, wall_seconds=4.0, requests=100, concurrency=64)  # 2 rounds
+    monkeypatch.setattr(openai_backend, "client_bound", lambda *args: True)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1")
+        with caplog.at_level("WARNING", logger="dpsynth.run"):
+            for _ in range(2):
+                gen.generate([GenerationRequest(messages=(("user", "hi"),))])
+    finally:
+        server.shutdown()
+    hints = [r.getMessage() for r in caplog.records if "processes: 2" in r.getMessage()]
+    assert len(hints) == 1 and hints[0].startswith("m: this process was busy")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import logging
 import math
 import os
 import random
@@ -34,6 +35,10 @@ from dpsynth.llm.spend import RatePacer, worst_case
 
 MAX_RETRY_AFTER = 120.0  # seconds; a server asking for a longer wait is not retried (as the openai client does)
 RETRY_STATUS = frozenset({408, 409, 429})
+# the share of a batch's wall time this process's CPU was busy above which the client, not the server, set the
+# pace (all its threads count: under one interpreter lock, 0.8 of a core is near the most it gets done)
+CLIENT_BOUND_SHARE = 0.8
+log = logging.getLogger("dpsynth.run")
 
 
 class MalformedAnswer(Exception):
@@ -109,6 +114,13 @@ def parse_answer(body: bytes, *, chat: bool, unreported: tuple[int, int] | None 
     return GenerationResult(text, prompt or 0, completion or 0)
 
 
+def client_bound(cpu_seconds: float, wall_seconds: float, requests: int, concurrency: int) -> bool:
+    """Whether a batch was paced by the asking process's CPU: busy at least CLIENT_BOUND_SHARE of the time, over
+    enough rounds of `concurrency` requests (and enough seconds) for start-up not to be what was measured."""
+    return (requests >= 4 * concurrency and wall_seconds >= 2.0
+            and cpu_seconds >= CLIENT_BOUND_SHARE * wall_seconds)
+
+
 def _sdk_response_class() -> type:
     """What `cast_to` must name for the SDK's `post` to return the raw HTTP response: its HTTP client's Response
     class (httpx2's where the SDK runs on httpx2, as from openai 3 on, which it imports with itself; httpx's before)."""
@@ -161,6 +173,7 @@ class OpenAICompatGenerator:
         self._max_backoff = max_backoff
         self._pacer = pacer  # client-side requests / tokens per minute, applied to every attempt
         self._count_lock = threading.Lock()
+        self._client_bound_said = False
         self._retries = 0  # requests sent again by this process
         # max_concurrency holds across calls: a run may ask this generator for replacements of dropped answers
         # while its main batch is still in flight (methods/generation.py)
@@ -192,6 +205,7 @@ class OpenAICompatGenerator:
         results: list[GenerationResult | None] = [None] * len(requests)
         error: BaseException | None = None
         failed = threading.Event()  # once a request has given up, the others stop retrying
+        cpu, wall = time.process_time(), time.perf_counter()
         with ThreadPoolExecutor(max_workers=self._max_concurrency) as pool:
             futures = {pool.submit(self._one_in_slot, r, failed): i for i, r in enumerate(requests)}
             for future in as_completed(futures):
@@ -208,9 +222,21 @@ class OpenAICompatGenerator:
                 result = results[i] = future.result()
                 if on_result:
                     on_result(i, result)
+        self._hint_if_client_bound(len(requests), time.process_time() - cpu, time.perf_counter() - wall)
         if error is not None:
             raise self._explain(error) from error
         return [r for r in results if r is not None]
+
+    def _hint_if_client_bound(self, requests: int, cpu_seconds: float, wall_seconds: float) -> None:
+        """Say once when this process's CPU, not the server, set the pace of a batch (one process asks at most
+        several hundred requests a second), and how to lift it: `processes:`."""
+        if self._client_bound_said or not client_bound(cpu_seconds, wall_seconds, requests, self._max_concurrency):
+            return
+        self._client_bound_said = True
+        log.warning("%s: this process was busy %.0f%% of the %.1f s it took to ask %d requests, so its own CPU (about "
+                    "1-2 ms a request), not the server, set the pace; `processes: 2` or more in the generator's "
+                    "config sends them from several processes (docs/scale.md)", self.name,
+                    100 * cpu_seconds / wall_seconds, wall_seconds, requests)
 
     def _one_in_slot(self, request: GenerationRequest, failed: threading.Event) -> GenerationResult:
         with self._slots:
