@@ -49,9 +49,9 @@ BUSY_TIMEOUT = 30.0  # seconds SQLite waits for another process's lock
 STALE_AFTER = 120.0  # seconds without renewal after which another process's claim on a request is void
 HEARTBEAT = 15.0  # how often a process renews its claims while its backend generates
 POLL = 0.25  # seconds between looks for results another process is paying for
-# seconds the cache writer gathers answers into one commit: a commit costs the process as much CPU as 5-10 rows,
-# and at a large server's 1,000-2,000 answers a second this makes 10-20 rows a commit (an interruption loses at
-# most this much; `close` does not wait for it)
+# seconds the cache writer gathers answers into one commit (a commit costs more than its rows): at a large
+# server's 1,000-2,000 answers a second, 10-20 rows a commit (a SIGKILL loses at most this much; `close` does not
+# wait for it)
 WRITE_GATHER = 0.01
 HOST = socket.gethostname()
 _T = TypeVar("_T")
