@@ -373,10 +373,12 @@ class _Echo(BaseHTTPRequestHandler):
 
     in_flight = 0
     most_in_flight = 0
+    arrived: list[str] = []  # the user messages, in the order they reached the server
 
     def do_POST(self) -> None:  # noqa: N802
         asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with _Echo.lock:
+            _Echo.arrived.append(asked["messages"][-1]["content"])
             _Echo.in_flight += 1
             _Echo.most_in_flight = max(_Echo.most_in_flight, _Echo.in_flight)
         time.sleep(_Echo.delay)
@@ -473,12 +475,32 @@ def test_a_request_process_that_dies_is_one_clear_error_not_a_hang() -> None:
         server.shutdown()
 
 
+def test_a_generator_let_go_stops_its_request_processes_and_threads() -> None:
+    """The fleet's router blocks on the answers' queue without a timeout: when the generator is garbage-collected,
+    its workers stop and the watcher wakes the router, so no process or thread is left behind."""
+    import gc
+
+    with _echo_server() as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4, name="let-go")
+        assert [r.text for r in gen.generate([GenerationRequest(messages=(("user", "x"),))])] == ["x"]
+        assert gen._fleet is not None
+        workers = list(gen._fleet._workers)
+        del gen
+        gc.collect()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (any(w.is_alive() for w in workers) or any(
+                t.name.startswith("let-go-") for t in threading.enumerate())):
+            time.sleep(0.05)
+        assert not any(w.is_alive() for w in workers)
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("let-go-")]
+
+
 @contextmanager
 def _echo_server(delay: float = 0.0) -> Iterator[str]:
     """The echo server on loopback, answering after `delay` s; yields its base URL."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Echo.delay, _Echo.most_in_flight = delay, 0
+    _Echo.delay, _Echo.most_in_flight, _Echo.arrived = delay, 0, []
     try:
         yield f"http://127.0.0.1:{server.server_port}/v1"
     finally:
@@ -522,12 +544,13 @@ def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped() -> None
 
 
 def test_a_call_that_stops_early_frees_its_slots() -> None:
-    """A call whose on_result raises (a full disk while caching) leaves with requests in flight: their answers
-    still free their slots, so the next call is not starved."""
+    """A call whose on_result raises (a full disk while caching) leaves with answers in its queue and requests in
+    flight: both still free their slots, so the next call is not starved."""
     with _echo_server() as url:
         gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
 
         def full_disk(i: int, result: object) -> None:
+            time.sleep(0.1)  # the answers still in flight arrive meanwhile: they wait in the call's queue
             raise OSError("disk full while caching")
 
         for k in range(3):
@@ -535,6 +558,26 @@ def test_a_call_that_stops_early_frees_its_slots() -> None:
                 gen.generate([GenerationRequest(messages=(("user", f"{k} t{i}"),)) for i in range(20)],
                              on_result=full_disk)
         assert [r.text for r in gen.generate([GenerationRequest(messages=(("user", "x"),))] * 5)] == ["x"] * 5
+        _Echo.delay, _Echo.most_in_flight = 0.05, 0  # every slot came back: the next call has all four out at once
+        gen.generate([GenerationRequest(messages=(("user", f"y{i}"),)) for i in range(8)])
+        assert _Echo.most_in_flight == 4
+
+
+def test_a_call_waiting_for_a_slot_gets_the_next_one_freed() -> None:
+    """A call in flight reuses the slot of each answer for its next request, but not while another call waits
+    for one (a run's replacements must not wait for the whole first batch to be sent)."""
+    with _echo_server(delay=0.05) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
+
+        def late() -> list:
+            time.sleep(0.12)
+            return gen.generate([GenerationRequest(messages=(("user", "late"),))])
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(60)])
+            assert [r.text for r in pool.submit(late).result()] == ["late"]
+            assert len(first.result()) == 60
+        assert _Echo.arrived.index("late") < 30  # of 61: sent about 0.15 s into a batch that takes 0.75 s
 
 
 def test_a_batch_paced_by_the_client_cpu_is_told_once_how_to_lift_it(monkeypatch: pytest.MonkeyPatch,
