@@ -563,6 +563,25 @@ def test_a_call_that_stops_early_frees_its_slots() -> None:
         assert _Echo.most_in_flight == 4
 
 
+class _Unsendable(str):
+    def __reduce__(self) -> tuple:
+        raise TypeError("this text cannot be sent to a request process")
+
+
+def test_a_request_that_cannot_be_sent_is_the_error_and_frees_its_slot() -> None:
+    """The calling thread writes each request to the workers: one that cannot be pickled is its call's error at
+    once (not an answer that never comes), and its slot, like those of the requests sent before it, is free."""
+    with _echo_server(delay=0.05) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
+        with pytest.raises(TypeError, match="cannot be sent"):
+            gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(3)]
+                         + [GenerationRequest(messages=(("user", _Unsendable("x")),))])
+        time.sleep(0.2)  # the three sent come back meanwhile
+        _Echo.most_in_flight = 0
+        gen.generate([GenerationRequest(messages=(("user", f"y{i}"),)) for i in range(8)])
+        assert _Echo.most_in_flight == 4
+
+
 def test_a_call_waiting_for_a_slot_gets_the_next_one_freed() -> None:
     """A call in flight reuses the slot of each answer for its next request, but not while another call waits
     for one (a run's replacements must not wait for the whole first batch to be sent)."""

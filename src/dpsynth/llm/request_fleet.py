@@ -154,6 +154,7 @@ class _Router:
         worker = next(w for w in self.workers if w.sentinel in exited)
         worker.join()
         self.stop(self.exited(worker.exitcode))
+        self.outbox.cancel_join_thread()  # that wait must not hold up the interpreter's exit either
         self.outbox.put(_Exited(worker.exitcode))
 
     def run(self) -> None:
@@ -256,7 +257,11 @@ class RequestFleet:
                         self._check_router()
                         continue
                     index, request = todo.pop()
-                    self._inbox.put((call, index, request))
+                    try:
+                        self._inbox.put((call, index, request))
+                    except BaseException:
+                        self._give_back(1)  # not sent: its slot is free
+                        raise
                     in_flight += 1
                 self._give_back(owned)  # nothing more to send for now: the other calls may use them
                 owned = 0
