@@ -408,6 +408,7 @@ class _Echo(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_requests_from_several_processes_come_back_in_order_with_their_retries_counted() -> None:
     """`processes: 2`: the same answers, in the requests' order, each handed to on_result once as it arrives, and
     the retries made in the worker processes counted in the generator's total."""
@@ -429,6 +430,7 @@ def test_requests_from_several_processes_come_back_in_order_with_their_retries_c
         server.shutdown()
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_a_request_that_gives_up_in_a_worker_process_is_one_clear_error() -> None:
     from dpsynth.errors import DpsynthError
 
@@ -457,6 +459,7 @@ def test_processes_are_refused_where_they_cannot_apply() -> None:
     assert GeneratorConfig(kind="openai", model="m", processes=4).processes == 4
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_a_request_process_that_dies_is_one_clear_error_not_a_hang() -> None:
     from dpsynth.errors import DpsynthError
 
@@ -475,6 +478,27 @@ def test_a_request_process_that_dies_is_one_clear_error_not_a_hang() -> None:
         server.shutdown()
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
+def test_when_a_request_process_dies_the_others_answers_still_reach_the_call() -> None:
+    """Every paid-for answer is kept: when one worker dies, the answers of the other, already asked of the server,
+    still reach the call's on_result (and so the request cache) before the call fails."""
+    from dpsynth.errors import DpsynthError
+
+    with _echo_server(delay=0.3) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=8)
+        assert gen._fleet is not None
+        heard: list[str] = []
+        threading.Timer(0.5, gen._fleet._workers[0].kill).start()  # while both have four requests out
+        with pytest.raises(DpsynthError, match="a request process exited"):
+            gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(40)],
+                         on_result=lambda i, r: heard.append(r.text))
+        time.sleep(0.2)
+        with _Echo.lock:
+            answered = len(_Echo.arrived) - _Echo.in_flight
+        assert answered - len(heard) <= 4  # only the dead worker's four in flight are lost
+
+
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_a_generator_let_go_stops_its_request_processes_and_threads() -> None:
     """The fleet's router blocks on the answers' queue without a timeout: when the generator is garbage-collected,
     its workers stop and the watcher wakes the router, so no process or thread is left behind."""
@@ -509,6 +533,7 @@ def _echo_server(delay: float = 0.0) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_calls_from_several_threads_share_the_concurrency_limit_and_get_their_own_answers(processes: int) -> None:
     """A run asks for replacements while a batch is in flight (methods/generation.py): calls from three threads
     at once each get their own answers, in order, and the server never sees more than max_concurrency."""
@@ -523,6 +548,7 @@ def test_calls_from_several_threads_share_the_concurrency_limit_and_get_their_ow
         assert _Echo.most_in_flight <= 4
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped() -> None:
     """With `processes: 2`, a replacement refused by the server stops the batch in flight beside it: both calls
     report the refusal, not "cancelled"."""
@@ -543,6 +569,7 @@ def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped() -> None
                     call.result()
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_a_call_that_stops_early_frees_its_slots() -> None:
     """A call whose on_result raises (a full disk while caching) leaves with answers in its queue and requests in
     flight: both still free their slots, so the next call is not starved."""
@@ -568,6 +595,7 @@ class _Unsendable(str):
         raise TypeError("this text cannot be sent to a request process")
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_a_request_that_cannot_be_sent_is_the_error_and_frees_its_slot() -> None:
     """The calling thread writes each request to the workers: one that cannot be pickled is its call's error at
     once (not an answer that never comes), and its slot, like those of the requests sent before it, is free."""
@@ -582,6 +610,7 @@ def test_a_request_that_cannot_be_sent_is_the_error_and_frees_its_slot() -> None
         assert _Echo.most_in_flight == 4
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_a_call_waiting_for_a_slot_gets_the_next_one_freed() -> None:
     """A call in flight reuses the slot of each answer for its next request, but not while another call waits
     for one (a run's replacements must not wait for the whole first batch to be sent)."""

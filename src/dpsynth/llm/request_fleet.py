@@ -7,14 +7,16 @@ with many replicas answers faster than that, so at the WASP paper's scale the cl
 Here the requests go to `processes` worker processes, each with its own client and its share of `max_concurrency`
 threads, under the same retry rules; the parent hands out at most `max_concurrency` requests at a time (so that a
 failure stops the rest quickly), every answer comes back as it arrives (the request cache keeps every paid-for
-answer), and the first request that gives up stops the others from retrying. Several threads may share the fleet (a
-run asks for replacements of dropped answers while its main batch is in flight): a request that gives up stops every
-call in flight, and each of them reports that request's error, not "cancelled".
+answer, also those of the other workers when one dies), and the first request that gives up stops the others from
+retrying. Several threads may share the fleet (a run asks for replacements of dropped answers while its main batch
+is in flight): a request that gives up stops every call in flight, and each of them reports that request's error,
+not "cancelled".
 
 The parent's CPU per answer matters (every answer of every generator passes through one interpreter lock), so an
 answer costs it two thread wake-ups, not three, and no poll: the answers' reader blocks on its queue (a watcher
-thread wakes it when a worker exits), a request is written by the thread that sends it (no feeder thread), and an
-answer's slot goes with it to its call, which sends its next request without a semaphore (docs/scale.md: 0.7x the
+thread wakes it once the workers have exited), each request is written by the thread that sends it, to the pipe of
+a worker with a free thread (no feeder thread, no lock shared with the workers), and an answer's slot goes with it
+to its call, which sends its next request to the same worker without a semaphore (docs/scale.md: 0.64-0.72x the
 fleet's CPU an answer).
 """
 
@@ -22,9 +24,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import multiprocessing as mp
 import multiprocessing.connection
+import pickle
 import queue
 import threading
 import weakref
@@ -37,7 +39,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
 
 T = TypeVar("T")
-POLL_SECONDS = 1.0  # how often the parent checks that its workers are alive while it waits for answers
+POLL_SECONDS = 1.0  # how often a waiting call checks that the fleet still works (and the start-up, its workers)
 CANCELLED = "cancelled"  # a request not sent because another one gave up
 
 
@@ -51,13 +53,20 @@ class _Answer:
     error: str | None  # one line, already explained; None when `result` arrived
 
 
+@dataclass(frozen=True)
+class _Exited:
+    """Put in the answers' queue by the parent's watcher once every worker has exited: it ends the router, which
+    blocks on that queue (a read with a timeout costs a poll each answer, about a sixth of the fleet's CPU)."""
+
+
 def _explained(gen: Any, err: BaseException) -> str:
     explained = gen._explain(err)
     return str(explained) if isinstance(explained, DpsynthError) else f"{type(err).__name__}: {err}"
 
 
 def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbox: Any, failed: Any) -> None:
-    """A worker process: take a request whenever one of its threads is free, answer each as it completes."""
+    """A worker process: read a request whenever one of its threads is free (the parent sends one only then),
+    answer each as it completes."""
     from dpsynth.llm.openai_backend import OpenAICompatGenerator
 
     gen = OpenAICompatGenerator(**settings, max_concurrency=threads)
@@ -75,7 +84,10 @@ def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbo
     with ThreadPoolExecutor(max_workers=threads) as pool:
         while True:
             free.acquire()
-            item = inbox.get()
+            try:
+                item = pickle.loads(inbox.recv_bytes())
+            except EOFError:  # the parent has gone without saying stop
+                return
             if item is None:
                 return
             call, index, request = item
@@ -86,34 +98,43 @@ def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbo
             pool.submit(gen._one, request, failed).add_done_callback(functools.partial(finish, call, index))
 
 
-def _shut_down(inbox: Any, failed: Any, workers: list[Any]) -> None:
+class _Pipes:
+    """The parent's end of each worker's request pipe. Only that worker reads it, so a worker that dies cannot
+    stop the others' requests, and a request sent to a dead worker fails at once (its pipe is broken) instead of
+    waiting. Several calls may send to one worker at once: a lock per pipe keeps their messages whole."""
+
+    def __init__(self, ends: list[Any]) -> None:
+        self.ends = ends
+        self.locks = [threading.Lock() for _ in ends]
+
+    def send(self, worker: int, item: object) -> None:
+        data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+        with self.locks[worker]:
+            self.ends[worker].send_bytes(data)
+
+
+def _shut_down(pipes: _Pipes, failed: Any, workers: list[Any]) -> None:
     failed.set()  # what is still queued is answered without being sent, so the live workers reach their stop
-    for w in workers:
-        if w.is_alive():  # the inbox's puts wait for a reader once its pipe is full: only a live worker is one
-            inbox.put(None)
-    for w in workers:
-        w.join(timeout=5)
-        if w.is_alive():
-            w.terminate()
-
-
-@dataclass(frozen=True)
-class _Exited:
-    """Put in the answers' queue by the parent's watcher when a worker process has exited: it wakes the router,
-    which blocks on that queue (a read with a timeout costs a poll each answer, about a sixth of the parent's CPU
-    for one)."""
-
-    exitcode: int | None
+    for w in range(len(workers)):
+        try:
+            pipes.send(w, None)
+        except OSError:  # that worker has exited already
+            pass
+    for process in workers:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.terminate()
 
 
 class _Router:
     """The parent's reader of the workers' answers (its own thread): each answer goes to the `generate` call that
     sent it, with its slot (or is dropped, freeing its slot, if that call has gone), the workers' retries are
     counted once, the first real error is kept for every call it stopped, and a dead worker (or any failure to
-    read) becomes every call's error. It holds no reference to the fleet, so that the fleet can be garbage-collected."""
+    read) becomes every call's error, while the other workers' answers still reach their calls. It holds no
+    reference to the fleet, so that the fleet can be garbage-collected."""
 
-    def __init__(self, outbox: Any, workers: list[Any], slots: threading.BoundedSemaphore, name: str) -> None:
-        self.outbox, self.workers, self.slots, self.name = outbox, workers, slots, name
+    def __init__(self, outbox: Any, workers: list[Any], free: queue.SimpleQueue, failed: Any, name: str) -> None:
+        self.outbox, self.workers, self.free, self.failed, self.name = outbox, workers, free, failed, name
         self.lock = threading.Lock()
         self.calls: dict[int, queue.SimpleQueue] = {}  # call id -> its answers
         self.seen = [0] * len(workers)
@@ -147,66 +168,82 @@ class _Router:
                     "answers received are cached, run again to resume")
 
     def watch(self) -> None:
-        """The watcher's thread: waits (without polling) for a worker to exit, then fails the calls and wakes the
-        router. The wake-up is a put into the answers' queue, which waits forever if the worker died holding
-        that queue's lock; the calls, which poll `broken`, are told regardless."""
-        exited = mp.connection.wait([w.sentinel for w in self.workers])
-        worker = next(w for w in self.workers if w.sentinel in exited)
-        worker.join()
-        self.stop(self.exited(worker.exitcode))
-        self.outbox.cancel_join_thread()  # that wait must not hold up the interpreter's exit either
-        self.outbox.put(_Exited(worker.exitcode))
+        """The watcher's thread: waits (without polling) for the workers to exit. The first exit fails every call
+        and stops the other workers from sending what is queued; the router goes on routing their answers (each
+        is cached) until the last has exited, then is woken to end. The wake-up goes through the answers' queue's
+        feeder thread, which waits forever if a worker died holding that queue's lock: the calls, which poll
+        `broken`, are told regardless, and the interpreter's exit does not wait for that thread."""
+        alive = list(self.workers)
+        while alive:
+            exited = set(mp.connection.wait([w.sentinel for w in alive]))
+            for w in [w for w in alive if w.sentinel in exited]:
+                alive.remove(w)
+                w.join(timeout=1)  # its exit code: the sentinel is ready a moment before the process can be reaped
+                if self.broken is None:
+                    self.failed.set()
+                    self.stop(self.exited(w.exitcode))
+        self.outbox.cancel_join_thread()
+        self.outbox.put(_Exited())
 
     def run(self) -> None:
         while True:
             try:
                 answer = self.outbox.get()
                 if isinstance(answer, _Exited):
-                    raise self.exited(answer.exitcode)
+                    return
                 assert isinstance(answer, _Answer)
+                with self.lock:
+                    if answer.retries > self.seen[answer.worker]:
+                        self.retries += answer.retries - self.seen[answer.worker]
+                        self.seen[answer.worker] = answer.retries
+                    if answer.error is not None and answer.error != CANCELLED and self.first_error is None:
+                        self.first_error = answer.error
+                    caller = self.calls.get(answer.call)
+                    if caller is None:
+                        self.free.put(answer.worker)
+                    else:  # under the lock: a call that ends gives back the slots of the answers left in its queue
+                        caller.put(answer)
             except Exception as err:  # noqa: BLE001 - whatever stops the reading stops every call, with its reason
                 self.stop(err)
                 return
-            with self.lock:
-                if answer.retries > self.seen[answer.worker]:
-                    self.retries += answer.retries - self.seen[answer.worker]
-                    self.seen[answer.worker] = answer.retries
-                if answer.error is not None and answer.error != CANCELLED and self.first_error is None:
-                    self.first_error = answer.error
-                caller = self.calls.get(answer.call)
-                if caller is None:
-                    self.slots.release()
-                else:  # under the lock: a call that ends gives back the slots of the answers left in its queue
-                    caller.put(answer)
 
 
 class RequestFleet:
     """`processes` worker processes sending one generator's requests: started with the generator (so that their
     start-up counts as loading, not as generation), kept for its life, stopped when it is garbage-collected or
     the interpreter exits. Several threads may call `generate` at once (a run asks for replacements of dropped
-    answers while its main batch is in flight): together they keep at most `max_concurrency` requests out."""
+    answers while its main batch is in flight): together they keep at most `max_concurrency` requests out.
+
+    A slot is a free thread of one worker: the free ones wait in `_free` (a worker's id each), a call holds those
+    of its requests in flight, and each answer brings its slot back to its call."""
 
     def __init__(self, settings: dict[str, Any], processes: int, concurrency: int, name: str) -> None:
         ctx = mp.get_context("spawn")  # not fork: the parent may hold threads (torch, the engine's)
-        threads = max(1, math.ceil(concurrency / processes))
-        self._slots = threading.BoundedSemaphore(threads * processes)
-        # The requests go out through a SimpleQueue, written by the calling thread (a Queue's feeder thread costs
-        # the parent a thread switch each request); the answers come back through a Queue, so that a worker's
-        # thread never waits for the parent to read.
-        self._inbox, outbox, self._failed = ctx.SimpleQueue(), ctx.Queue(), ctx.Event()
-        workers = [ctx.Process(target=_work, args=(w, settings, threads, self._inbox, outbox, self._failed),
+        processes = min(processes, concurrency)
+        threads = [concurrency // processes + (w < concurrency % processes) for w in range(processes)]
+        outbox, self._failed = ctx.Queue(), ctx.Event()  # a Queue: a worker's thread never waits for the parent
+        pipes = [ctx.Pipe(duplex=False) for _ in range(processes)]
+        workers = [ctx.Process(target=_work, args=(w, settings, threads[w], pipes[w][0], outbox, self._failed),
                                daemon=True, name=f"{name}-requests-{w}") for w in range(processes)]
         self._workers = workers
-        for w in workers:
-            w.start()
-        self._router = _Router(outbox, workers, self._slots, name)
+        for process in workers:
+            process.start()
+        for reader, _ in pipes:
+            reader.close()  # the worker has its own copy: once it exits, nothing reads, and a send fails at once
+        self._pipes = _Pipes([writer for _, writer in pipes])
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for t in range(max(threads)):
+            for w in range(processes):
+                if t < threads[w]:
+                    self._free.put(w)
+        self._router = _Router(outbox, workers, self._free, self._failed, name)
         for _ in workers:
             self._router.next(int)
         self._call_ids = itertools.count()
         self._waiting, self._waiting_lock = 0, threading.Lock()  # calls waiting for a slot
         threading.Thread(target=self._router.run, name=f"{name}-answers", daemon=True).start()
         threading.Thread(target=self._router.watch, name=f"{name}-watcher", daemon=True).start()
-        weakref.finalize(self, _shut_down, self._inbox, self._failed, workers)
+        weakref.finalize(self, _shut_down, self._pipes, self._failed, workers)
 
     @property
     def retries(self) -> int:
@@ -231,40 +268,42 @@ class RequestFleet:
             with router.lock:
                 del router.calls[call]
             while not answers.empty():  # answers that came after the call stopped reading: their slots
-                answers.get()
-                self._slots.release()
+                self._free.put(answers.get().worker)
 
     def _collect(self, call: int, answers: queue.SimpleQueue, requests: Sequence[GenerationRequest],
                  on_result: ResultCallback | None) -> list[GenerationResult]:
         """Send and collect one call's requests. Each answer comes with its slot, which the call uses for its next
-        request (no semaphore for it, about a tenth of the fleet's CPU an answer) unless another call is waiting
-        for one: then the freed slots go to the semaphore, where the waiting call takes them."""
+        request (no semaphore for it, about a tenth of the fleet's CPU an answer) while it is the only call;
+        beside others, or when one is waiting, the freed slots go back to `_free`, for whichever call asks first."""
+        router = self._router
         results: list[GenerationResult | None] = [None] * len(requests)
         todo = list(enumerate(requests))[::-1]
-        in_flight, owned, error = 0, 0, None
+        in_flight, error = 0, None
+        owned: list[int] = []  # slots (workers) of this call's answers, not yet used again
         try:
             while True:
                 while error is None and todo:
-                    if owned and self._waiting:
+                    if owned and (self._waiting or len(router.calls) > 1):
                         self._give_back(owned)
-                        owned = 0
                     if owned:
-                        owned -= 1
+                        worker = owned.pop()
                     elif in_flight:  # a free slot if there is one (not one another call is waiting for)
-                        if self._waiting or not self._slots.acquire(blocking=False):
+                        if self._waiting:
                             break
-                    elif not self._wait_for_slot():  # no answer to wait for: wait for a slot
-                        self._check_router()
-                        continue
+                        try:
+                            worker = self._free.get_nowait()
+                        except queue.Empty:
+                            break
+                    else:  # no answer to wait for: wait for a slot
+                        slot = self._wait_for_slot()
+                        if slot is None:
+                            self._check_router()
+                            continue
+                        worker = slot
                     index, request = todo.pop()
-                    try:
-                        self._inbox.put((call, index, request))
-                    except BaseException:
-                        self._give_back(1)  # not sent: its slot is free
-                        raise
+                    self._send(worker, (call, index, request))
                     in_flight += 1
                 self._give_back(owned)  # nothing more to send for now: the other calls may use them
-                owned = 0
                 if in_flight == 0:
                     break
                 try:
@@ -273,7 +312,7 @@ class RequestFleet:
                     self._check_router()
                     continue
                 in_flight -= 1
-                owned += 1
+                owned.append(answer.worker)
                 if answer.error is not None:
                     if error is None:
                         error = answer.error
@@ -285,22 +324,36 @@ class RequestFleet:
         finally:
             self._give_back(owned)
         if error is not None:
-            raise DpsynthError((self._router.first_error or error) if error == CANCELLED else error)
+            self._check_router()  # a worker that died is the reason, not the cancellations it caused
+            raise DpsynthError((router.first_error or error) if error == CANCELLED else error)
         return [r for r in results if r is not None]
 
-    def _wait_for_slot(self) -> bool:
-        """A slot within POLL_SECONDS; meanwhile the calls in flight give their freed slots to the semaphore."""
+    def _send(self, worker: int, item: tuple) -> None:
+        try:
+            self._pipes.send(worker, item)
+        except BaseException as err:
+            self._free.put(worker)  # not sent: its slot is free
+            if isinstance(err, OSError):  # that worker has exited
+                self._check_router()
+                raise self._router.exited(self._workers[worker].exitcode) from err
+            raise
+
+    def _wait_for_slot(self) -> int | None:
+        """A free slot's worker within POLL_SECONDS (None if none came); meanwhile the calls in flight give their
+        freed slots back to `_free`."""
         with self._waiting_lock:
             self._waiting += 1
         try:
-            return self._slots.acquire(timeout=POLL_SECONDS)
+            return self._free.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            return None
         finally:
             with self._waiting_lock:
                 self._waiting -= 1
 
-    def _give_back(self, slots: int) -> None:
-        if slots:
-            self._slots.release(slots)
+    def _give_back(self, owned: list[int]) -> None:
+        while owned:
+            self._free.put(owned.pop())
 
     def _check_router(self) -> None:
         if self._router.broken is not None:
