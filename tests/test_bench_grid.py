@@ -64,16 +64,61 @@ def test_only_runs_the_named_variants_and_what_they_are_compared_with(tmp_path: 
     with pytest.raises(DpsynthError, match="not a variant of"):
         needed_variants(bench, ["nope"])
 
-    class Refuse:  # stands in for a real run: a cell that is started names itself
-        @staticmethod
-        def create(config, root, progress=None):
-            raise RuntimeError(f"ran {Path(root).name}")
-
-    monkeypatch.setattr(engine, "Run", Refuse)
+    monkeypatch.setattr(engine, "Run", _Refuse)
     with pytest.raises(RuntimeError, match="ran zero-shot-"):  # wasp, augpe and q1 come first and are skipped
         run_grid(bench, tmp_path, log=lambda line: None, only=["zero-shot"])
     with pytest.raises(RuntimeError, match="ran wasp-"):
         run_grid(bench, tmp_path, log=lambda line: None, only=["q1"])
+
+
+class _Refuse:  # stands in for a real run: a cell that is started names itself
+    @staticmethod
+    def create(config, root, progress=None):
+        raise RuntimeError(f"ran {Path(root).name}")
+
+
+def test_a_cell_another_bench_process_holds_is_left_to_it(tmp_path: Path, monkeypatch) -> None:
+    """Several bench processes may share one output directory: a cell another one has claimed is not run again
+    (that would spend its budget twice and race on its files); the next cell is."""
+    from dpsynth.bench.grid import _claim_path, run_grid
+    from dpsynth.fs import exclusive_lock
+    from dpsynth.runs import engine
+
+    bench = BenchConfig.model_validate({"base": BASE, "seeds": [0, 1], "variants": [
+        {"name": "zero-shot", "method": "zero-shot"}]})
+    first, second = cells(bench)
+    held = exclusive_lock(_claim_path(tmp_path, first), wait=False)  # another open file: another holder
+    assert held is not None and exclusive_lock(_claim_path(tmp_path, first), wait=False) is None
+    monkeypatch.setattr(engine, "Run", _Refuse)
+    logged: list[str] = []
+    with pytest.raises(RuntimeError, match=f"ran {second['name']}"):
+        run_grid(bench, tmp_path, log=logged.append)
+    assert logged == [f"{first['name']} is being run by another bench process: its row is collected when it is "
+                      "done", f"running {second['name']}"]
+    held.close()
+
+
+def test_a_bench_process_waits_for_the_cells_it_left_and_runs_one_whose_holder_stopped(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """At its end a bench process waits for the cells it left to another, so that its report has them; a cell
+    whose holder stopped before finishing it is then run here."""
+    import threading
+
+    from dpsynth.bench.grid import _claim_path, run_grid
+    from dpsynth.fs import exclusive_lock
+    from dpsynth.runs import engine
+
+    bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "variants": [
+        {"name": "zero-shot", "method": "zero-shot"}]})
+    (cell,) = cells(bench)
+    held = exclusive_lock(_claim_path(tmp_path, cell), wait=False)
+    assert held is not None
+    threading.Timer(0.5, held.close).start()  # the other process stops without finishing the cell
+    monkeypatch.setattr(engine, "Run", _Refuse)
+    logged: list[str] = []
+    with pytest.raises(RuntimeError, match=f"ran {cell['name']}"):
+        run_grid(bench, tmp_path, log=logged.append)
+    assert logged[-1] == f"running {cell['name']}" and "another bench process" in logged[0]
 
 
 def test_config_drift_names_the_first_changed_setting_and_skips_keys_one_side_lacks() -> None:

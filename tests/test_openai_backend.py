@@ -519,6 +519,12 @@ def test_a_generator_let_go_stops_its_request_processes_and_threads() -> None:
         assert not [t.name for t in threading.enumerate() if t.name.startswith("let-go-")]
 
 
+def _one_later(gen: OpenAICompatGenerator, text: str, after: float) -> list:
+    """One request, asked `after` seconds from now (beside a batch another thread has in flight)."""
+    time.sleep(after)
+    return gen.generate([GenerationRequest(messages=(("user", text),))])
+
+
 @contextmanager
 def _echo_server(delay: float = 0.0) -> Iterator[str]:
     """The echo server on loopback, answering after `delay` s; yields its base URL."""
@@ -557,13 +563,9 @@ def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped() -> None
     with _echo_server(delay=0.05) as url:
         gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
 
-        def refused() -> list:
-            time.sleep(0.1)
-            return gen.generate([GenerationRequest(messages=(("user", "refused"),))])
-
         with ThreadPoolExecutor(max_workers=2) as pool:
             calls = [pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(60)]),
-                     pool.submit(refused)]
+                     pool.submit(_one_later, gen, "refused", 0.1)]
             for call in calls:
                 with pytest.raises(DpsynthError, match="HTTP 400 \\(content filter says no\\)"):
                     call.result()
@@ -617,13 +619,9 @@ def test_a_call_waiting_for_a_slot_gets_the_next_one_freed() -> None:
     with _echo_server(delay=0.05) as url:
         gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
 
-        def late() -> list:
-            time.sleep(0.12)
-            return gen.generate([GenerationRequest(messages=(("user", "late"),))])
-
         with ThreadPoolExecutor(max_workers=2) as pool:
             first = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(60)])
-            assert [r.text for r in pool.submit(late).result()] == ["late"]
+            assert [r.text for r in pool.submit(_one_later, gen, "late", 0.12).result()] == ["late"]
             assert len(first.result()) == 60
         assert _Echo.arrived.index("late") < 30  # of 61: sent about 0.15 s into a batch that takes 0.75 s
 

@@ -164,6 +164,23 @@ class RunDir:
         return self.metrics.exists()
 
 
+def exclusive_lock(path: Path, wait: bool) -> IO[str] | None:
+    """An exclusive lock on the file `path` (made if missing), held for as long as the returned file stays open;
+    None when another process holds it and `wait` is false. The OS drops a lock when its holder exits, even on
+    SIGKILL, so a crash never leaves one behind. Without `fcntl` (Windows) every lock is granted, unlocked."""
+    handle = open(create_owner_only(path), "a+", encoding="utf-8")  # noqa: SIM115 - held open: the lock lives with it
+    try:
+        import fcntl
+    except ImportError:
+        return handle
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
 def lock_run_dir(run_dir: RunDir) -> IO[str] | None:
     """Take the run directory's exclusive lock for as long as the returned file stays open.
 
@@ -173,19 +190,15 @@ def lock_run_dir(run_dir: RunDir) -> IO[str] | None:
     (Windows) there is no lock and the user must not start a directory twice.
     """
     try:
-        import fcntl
+        import fcntl  # noqa: F401 - only whether locks exist here
     except ImportError:
         return None
     make_dir(run_dir.root)
-    handle = open(create_owner_only(run_dir.lock), "a+", encoding="utf-8")  # noqa: SIM115 - held open: the lock lives with it
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
+    handle = exclusive_lock(run_dir.lock, wait=False)
+    if handle is None:
+        holder = run_dir.lock.read_text(encoding="utf-8").strip() or "another process"
         raise DpsynthError(f"{run_dir.root} is in use by {holder}; wait for it to finish (or stop it) and "
-                           f"then resume with `dpsynth run --resume {run_dir.root}`") from None
+                           f"then resume with `dpsynth run --resume {run_dir.root}`")
     handle.seek(0)
     handle.truncate()
     handle.write(f"dpsynth process {os.getpid()}\n")

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpsynth.config import RelabelConfig
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir
+from dpsynth.fs import RunDir, exclusive_lock
 from dpsynth.methods.registry import method_class, method_names
 from dpsynth.runs.config import parse_config
 
@@ -166,44 +166,86 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
              progress: Callable[[str, int, int], None] | None = None, run_missing: bool = True,
              only: Sequence[str] | None = None) -> list[dict]:
     """Run (or resume) every cell and collect its row; `run_missing=False` only reports finished cells;
-    `only`: run just those variants and what they are compared with (other finished cells are still reported)."""
+    `only`: run just those variants and what they are compared with (other finished cells are still reported).
+
+    Several bench processes may share `out` (one per core, say): each cell is claimed by one of them for its run,
+    evaluation and scoring; another process leaves a claimed cell to its holder, goes on with the next, and at
+    its end waits for the cells it left and reports them too (or runs one itself if its holder stopped first)."""
     from dpsynth.data.public import load_test
-    from dpsynth.evaluate.run_eval import add_finetuned, evaluate_run
-    from dpsynth.runs.engine import Run
 
     wanted = None if only is None else needed_variants(bench, only)
-    rows = []
-    for cell in cells(bench):
+    rows: dict[int, list[dict]] = {}
+    left: list[int] = []  # cells claimed by another bench process
+    grid = cells(bench)
+    for i, cell in enumerate(grid):
         run_missing_here = run_missing and (wanted is None or cell["variant"] in wanted)
-        cell_dir = RunDir(out / "cells" / cell["name"])
         config = parse_config(cell["config"], cell["name"])
         test = load_test(config)
         if test is None:
             raise DpsynthError("bench needs a real test set: use data.corpus or data.test")
         if cell["method"] == PRIVATE_ONLY:
-            if not run_missing_here:
-                continue
-            row = _private_only(cell, config, test)
-        else:
-            if not cell_dir.is_finished() and not run_missing_here:
-                continue
-            if cell_dir.is_started() or cell_dir.is_finished():
-                _refuse_drift(cell, config, cell_dir)
-            if not cell_dir.is_finished():
-                log(f"running {cell['name']}")
-                runner = (Run.resume(cell_dir.root, progress=progress) if cell_dir.is_started()
-                          else Run.create(config, cell_dir.root, progress=progress))
-                runner.execute()
-            if not _evaluated_as(cell_dir, cell["sample_weights"]):
-                evaluate_run(cell_dir.root, test, with_mauve=bench.eval_distribution, weights=cell["sample_weights"])
-            if "finetune" in bench.classifiers and run_missing_here and not _has_finetuned(cell_dir):
-                log(f"fine-tuning the classifier of {cell['name']}")
-                add_finetuned(cell_dir.root, test)
-            row = _row(cell, cell_dir)
-            rows.extend(_reference_rows(cell, cell_dir, row))
-        rows.append(row)
-    _write_csv(out / "results.csv", rows)
-    return rows
+            if run_missing_here:
+                rows[i] = [_private_only(cell, config, test)]
+            continue
+        claim = exclusive_lock(_claim_path(out, cell), wait=False)
+        if claim is None:
+            if run_missing_here:
+                log(f"{cell['name']} is being run by another bench process: its row is collected when it is done")
+                left.append(i)
+            else:
+                rows[i] = _scored_rows(cell, config, out)
+            continue
+        with claim:
+            rows[i] = _cell_rows(bench, cell, config, test, out, run_missing_here, log, progress)
+    for i in left:
+        cell = grid[i]
+        config = parse_config(cell["config"], cell["name"])
+        claim = exclusive_lock(_claim_path(out, cell), wait=True)
+        assert claim is not None, "a lock waited for is always granted"
+        with claim:
+            rows[i] = _cell_rows(bench, cell, config, load_test(config), out, True, log, progress)
+    ordered = [row for i in sorted(rows) for row in rows[i]]
+    _write_csv(out / "results.csv", ordered)
+    return ordered
+
+
+def _claim_path(out: Path, cell: dict) -> Path:
+    return out / "cells" / f".{cell['name']}.claim"
+
+
+def _scored_rows(cell: dict, config, out: Path) -> list[dict]:
+    """A claimed cell's rows as they stand, if it is finished and scored (a report made while it runs)."""
+    cell_dir = RunDir(out / "cells" / cell["name"])
+    if not cell_dir.is_finished() or not _evaluated_as(cell_dir, cell["sample_weights"]):
+        return []
+    _refuse_drift(cell, config, cell_dir)
+    row = _row(cell, cell_dir)
+    return [*_reference_rows(cell, cell_dir, row), row]
+
+
+def _cell_rows(bench: BenchConfig, cell: dict, config, test, out: Path, run_missing_here: bool,
+               log: Callable[[str], None], progress: Callable[[str, int, int], None] | None) -> list[dict]:
+    """One cell's rows (its final set and any reference sets), after running, evaluating and scoring what is
+    missing (only what is finished when `run_missing_here` is false: then maybe no rows)."""
+    from dpsynth.evaluate.run_eval import add_finetuned, evaluate_run
+    from dpsynth.runs.engine import Run
+
+    cell_dir = RunDir(out / "cells" / cell["name"])
+    if not cell_dir.is_finished() and not run_missing_here:
+        return []
+    if cell_dir.is_started() or cell_dir.is_finished():
+        _refuse_drift(cell, config, cell_dir)
+    if not cell_dir.is_finished():
+        log(f"running {cell['name']}")
+        runner = (Run.resume(cell_dir.root, progress=progress) if cell_dir.is_started()
+                  else Run.create(config, cell_dir.root, progress=progress))
+        runner.execute()
+    if not _evaluated_as(cell_dir, cell["sample_weights"]):
+        evaluate_run(cell_dir.root, test, with_mauve=bench.eval_distribution, weights=cell["sample_weights"])
+    if "finetune" in bench.classifiers and run_missing_here and not _has_finetuned(cell_dir):
+        log(f"fine-tuning the classifier of {cell['name']}")
+        add_finetuned(cell_dir.root, test)
+    return _scored_rows(cell, config, out)
 
 
 def _evaluated_as(cell_dir: RunDir, weights: str) -> bool:

@@ -45,7 +45,8 @@ def bench(
         None, "--only", help="Run only this variant (repeatable) and the variants it is compared with; finished "
         "cells of the others are still reported."),
 ) -> None:
-    """Resumable grid; writes results.csv, results.md (Table-1 shape) and report.html."""
+    """Resumable grid; writes results.csv, results.md (Table-1 shape) and report.html. Several processes may
+    run one grid into the same directory (one per core): each cell is run by one of them, and each reports all."""
     from dpsynth.bench.grid import load_bench, run_grid
     from dpsynth.bench.report import html_report, markdown_table
     from dpsynth.bench.stats import paired_markdown
