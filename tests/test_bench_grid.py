@@ -91,11 +91,13 @@ def test_a_cell_another_bench_process_holds_is_left_to_it(tmp_path: Path, monkey
     assert held is not None and exclusive_lock(_claim_path(tmp_path, first), wait=False) is None
     monkeypatch.setattr(engine, "Run", _Refuse)
     logged: list[str] = []
-    with pytest.raises(RuntimeError, match=f"ran {second['name']}"):
-        run_grid(bench, tmp_path, log=logged.append)
+    try:
+        with pytest.raises(RuntimeError, match=f"ran {second['name']}"):
+            run_grid(bench, tmp_path, log=logged.append)
+    finally:
+        held.close()
     assert logged == [f"{first['name']} is being run by another bench process: its row is collected when it is "
                       "done", f"running {second['name']}"]
-    held.close()
 
 
 def test_a_bench_process_waits_for_the_cells_it_left_and_runs_one_whose_holder_stopped(tmp_path: Path,
@@ -114,11 +116,44 @@ def test_a_bench_process_waits_for_the_cells_it_left_and_runs_one_whose_holder_s
     held = exclusive_lock(_claim_path(tmp_path, cell), wait=False)
     assert held is not None
     threading.Timer(0.5, held.close).start()  # the other process stops without finishing the cell
-    monkeypatch.setattr(engine, "Run", _Refuse)
+
+    class RunAfterTheHolder:
+        @staticmethod
+        def create(config, root, progress=None):
+            assert held.closed, "run while another process held the cell"
+            raise RuntimeError(f"ran {Path(root).name}")
+
+    monkeypatch.setattr(engine, "Run", RunAfterTheHolder)
     logged: list[str] = []
     with pytest.raises(RuntimeError, match=f"ran {cell['name']}"):
         run_grid(bench, tmp_path, log=logged.append)
-    assert logged[-1] == f"running {cell['name']}" and "another bench process" in logged[0]
+    assert logged[1:] == [f"waiting for {cell['name']} (run by another bench process)", f"running {cell['name']}"]
+
+
+def test_a_bench_process_reports_a_cell_another_one_finished_without_running_it(tmp_path: Path,
+                                                                                monkeypatch) -> None:
+    """The usual end of two processes sharing a grid: the cell left to the other is finished by it meanwhile, and
+    this process reports it (scoring it if it must) without running it."""
+    import threading
+
+    from dpsynth.bench.grid import _claim_path, run_grid
+    from dpsynth.fs import exclusive_lock
+    from dpsynth.runs import engine
+
+    bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "eval_distribution": False,
+                                        "variants": [{"name": "zero-shot", "method": "zero-shot"}]})
+    (cell,) = cells(bench)
+    held = exclusive_lock(_claim_path(tmp_path, cell), wait=False)
+    assert held is not None
+
+    def other_process_finishes() -> None:
+        _write_finished_trec_cell(tmp_path, cell)
+        held.close()
+
+    threading.Timer(0.5, other_process_finishes).start()
+    monkeypatch.setattr(engine, "Run", _Refuse)
+    (row,) = run_grid(bench, tmp_path, log=lambda line: None)
+    assert row["name"] == cell["name"] and row["accuracy"] > 0.3  # six-way TREC: well above the 23% majority
 
 
 def test_config_drift_names_the_first_changed_setting_and_skips_keys_one_side_lacks() -> None:
@@ -270,11 +305,30 @@ def test_a_runs_reference_sets_become_rows_paired_with_its_final_set(tmp_path: P
     assert diff["versus"] == "fedgen:stage3_uniform" and diff["difference"] == pytest.approx(0.25)
 
 
+def _write_finished_trec_cell(out: Path, cell: dict) -> None:
+    """A finished zero-shot cell on TREC written by hand: 72 questions, six per label, from question words."""
+    import json
+
+    import yaml
+
+    run = out / "cells" / cell["name"]
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({**cell["config"], "embedder": "all-MiniLM-L6-v2"}))
+    questions = {"human": ["Who wrote {}?", "Who invented {}?"], "location": ["Where is {}?", "What city has {}?"],
+                 "number": ["How many {} are there?", "When was {} built?"],
+                 "description": ["What is {}?", "Why does {} happen?"], "entity": ["What animal is {}?",
+                                                                                  "What color is {}?"],
+                 "abbreviation": ["What does {} stand for?", "What is the abbreviation {}?"]}
+    things = ["the bridge", "NASA", "the telephone", "Paris", "the moon", "rain"]
+    rows = [{"text": q.format(t), "label": label} for label, qs in questions.items() for q in qs for t in things]
+    (run / "synthetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "privacy.json").write_text(json.dumps({"epsilon": 0.0}))
+    (run / "metrics.json").write_text(json.dumps({"timings": {"wall": 1.0}}))  # last: a run finishes with it
+
+
 def test_the_fine_tuned_encoder_scores_finished_cells_and_gets_its_own_tables(tmp_path: Path) -> None:
     """`classifiers: [probe, finetune]` adds the real fine-tuned MiniLM's per-example scores to a finished cell's
     eval.json (once: a second pass reuses them) and the report gets fine-tuned tables next to the probe's."""
-    import json
-
     import yaml
 
     from dpsynth.bench.grid import run_grid
@@ -286,19 +340,7 @@ def test_the_fine_tuned_encoder_scores_finished_cells_and_gets_its_own_tables(tm
                                         "classifiers": ["probe", "finetune"],
                                         "variants": [{"name": "zero-shot", "method": "zero-shot"}]})
     (cell,) = cells(bench)
-    run = tmp_path / "cells" / cell["name"]
-    run.mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump({**cell["config"], "embedder": "all-MiniLM-L6-v2"}))
-    questions = {"human": ["Who wrote {}?", "Who invented {}?"], "location": ["Where is {}?", "What city has {}?"],
-                 "number": ["How many {} are there?", "When was {} built?"],
-                 "description": ["What is {}?", "Why does {} happen?"], "entity": ["What animal is {}?",
-                                                                                  "What color is {}?"],
-                 "abbreviation": ["What does {} stand for?", "What is the abbreviation {}?"]}
-    things = ["the bridge", "NASA", "the telephone", "Paris", "the moon", "rain"]
-    rows = [{"text": q.format(t), "label": label} for label, qs in questions.items() for q in qs for t in things]
-    (run / "synthetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run / "metrics.json").write_text(json.dumps({"timings": {"wall": 1.0}}))
-    (run / "privacy.json").write_text(json.dumps({"epsilon": 0.0}))
+    _write_finished_trec_cell(tmp_path, cell)
 
     logged: list[str] = []
     (row,) = run_grid(bench, tmp_path, log=logged.append)

@@ -178,6 +178,9 @@ def exclusive_lock(path: Path, wait: bool) -> IO[str] | None:
     except BlockingIOError:
         handle.close()
         return None
+    except BaseException:  # interrupted while waiting, or no lock to be had
+        handle.close()
+        raise
     return handle
 
 

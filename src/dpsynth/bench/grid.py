@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpsynth.config import RelabelConfig
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir, exclusive_lock
+from dpsynth.fs import RunDir, atomic_write_text, exclusive_lock
 from dpsynth.methods.registry import method_class, method_names
 from dpsynth.runs.config import parse_config
 
@@ -168,9 +169,11 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
     """Run (or resume) every cell and collect its row; `run_missing=False` only reports finished cells;
     `only`: run just those variants and what they are compared with (other finished cells are still reported).
 
-    Several bench processes may share `out` (one per core, say): each cell is claimed by one of them for its run,
-    evaluation and scoring; another process leaves a claimed cell to its holder, goes on with the next, and at
-    its end waits for the cells it left and reports them too (or runs one itself if its holder stopped first)."""
+    Several bench processes may share `out` (one per core, say; POSIX only: the claims are flocks): each cell is
+    claimed by one of them for its run, evaluation and scoring; another process leaves a claimed cell to its
+    holder, goes on with the next, and at its end waits for the cells it left and reports them too (or runs one
+    itself if its holder stopped first). A report-only pass reports a claimed cell only if it is finished and
+    scored."""
     from dpsynth.data.public import load_test
 
     wanted = None if only is None else needed_variants(bench, only)
@@ -200,6 +203,7 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
     for i in left:
         cell = grid[i]
         config = parse_config(cell["config"], cell["name"])
+        log(f"waiting for {cell['name']} (run by another bench process)")
         claim = exclusive_lock(_claim_path(out, cell), wait=True)
         assert claim is not None, "a lock waited for is always granted"
         with claim:
@@ -214,7 +218,7 @@ def _claim_path(out: Path, cell: dict) -> Path:
 
 
 def _scored_rows(cell: dict, config, out: Path) -> list[dict]:
-    """A claimed cell's rows as they stand, if it is finished and scored (a report made while it runs)."""
+    """A cell's rows as they stand, if it is finished and scored (none otherwise)."""
     cell_dir = RunDir(out / "cells" / cell["name"])
     if not cell_dir.is_finished() or not _evaluated_as(cell_dir, cell["sample_weights"]):
         return []
@@ -225,8 +229,9 @@ def _scored_rows(cell: dict, config, out: Path) -> list[dict]:
 
 def _cell_rows(bench: BenchConfig, cell: dict, config, test, out: Path, run_missing_here: bool,
                log: Callable[[str], None], progress: Callable[[str, int, int], None] | None) -> list[dict]:
-    """One cell's rows (its final set and any reference sets), after running, evaluating and scoring what is
-    missing (only what is finished when `run_missing_here` is false: then maybe no rows)."""
+    """One cell's rows (its reference sets, then its final set), after running, evaluating and scoring what is
+    missing. With `run_missing_here` false an unfinished cell has no rows, and a finished one is still evaluated
+    if it has not been (but not fine-tuned)."""
     from dpsynth.evaluate.run_eval import add_finetuned, evaluate_run
     from dpsynth.runs.engine import Run
 
@@ -371,7 +376,8 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{k: v for k, v in r.items() if k not in PER_EXAMPLE} for r in rows]
     fields = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())  # bench processes sharing the directory may write it at once

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from dpsynth.errors import DpsynthError
+from dpsynth.fs import atomic_write_text
 
 
 def _test_labels(spec) -> list[str] | None:
@@ -46,7 +47,8 @@ def bench(
         "cells of the others are still reported."),
 ) -> None:
     """Resumable grid; writes results.csv, results.md (Table-1 shape) and report.html. Several processes may
-    run one grid into the same directory (one per core): each cell is run by one of them, and each reports all."""
+    run one grid into the same directory (one per core; Linux and macOS): each cell is run by one of them, and
+    each waits for the cells the others run before it reports."""
     from dpsynth.bench.grid import load_bench, run_grid
     from dpsynth.bench.report import html_report, markdown_table
     from dpsynth.bench.stats import paired_markdown
@@ -73,7 +75,7 @@ def bench(
                 parts.append(paired_markdown(scored, spec.baseline, compare_with, truth=labels, prefix=prefix))
         sections.append("\n\n".join(p for p in parts if p))
     table = "\n\n".join(sections) + "\n\n" + majority_line(labels)
-    (out / "results.md").write_text(table + "\n")
-    (out / "report.html").write_text(html_report(rows, out, spec.name))
+    atomic_write_text(out / "results.md", table + "\n")  # bench processes sharing `out` may write at once
+    atomic_write_text(out / "report.html", html_report(rows, out, spec.name))
     typer.echo(table)
     typer.echo(f"written: {out}/results.csv, results.md, report.html")
