@@ -190,6 +190,8 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
             if run_missing_here:
                 rows[i] = [_private_only(cell, config, test)]
             continue
+        if not run_missing_here and not RunDir(out / "cells" / cell["name"]).is_finished():
+            continue  # nothing to report, and no claim file to leave behind
         claim = exclusive_lock(_claim_path(out, cell), wait=False)
         if claim is None:
             if run_missing_here:
