@@ -44,7 +44,8 @@ def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, floa
     shares = {c: 1 / len(task.label_names) for c in task.label_names}
     cache = RequestCache(Path(tempfile.mkdtemp(prefix="early-replacements-")) / "requests.sqlite")
     gens = {f"plm{i}": CachedGenerator(build_generator(GeneratorConfig(
-        kind="openai", model=f"m{i}", name=f"plm{i}", base_url=url, max_concurrency=args.concurrency)), cache)
+        kind="openai", model=f"m{i}", name=f"plm{i}", base_url=url, max_concurrency=args.concurrency,
+        processes=args.processes)), cache)
         for i in range(args.k)}
     apply = generation._Replacements.apply
     if not early:  # the baseline: every attempt after the previous one, as before
@@ -97,11 +98,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--drop", type=int, default=1, help="percent of answers the server leaves empty")
+    parser.add_argument("--processes", type=int, default=1, help="request processes per generator (`processes:`)")
     args = parser.parse_args()
 
     url, servers = start_servers(args.latency, drop=args.drop)
     print(f"K={args.k}, {args.n} samples an iteration, {args.iterations} iterations, {args.concurrency} requests in "
-          f"flight per generator, latency {args.latency} s, {args.drop}% empty answers")
+          f"flight per generator, latency {args.latency} s, {args.drop}% empty answers, {args.processes} request "
+          "process(es) per generator")
     rows = [("after the first batch (baseline)", *run_mode(False, args, url)),
             ("while it is in flight", *run_mode(True, args, url))]
     per_generator = math.ceil(rows[1][1] / args.iterations / args.k)

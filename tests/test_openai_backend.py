@@ -626,6 +626,47 @@ def test_a_call_waiting_for_a_slot_gets_the_next_one_freed() -> None:
         assert _Echo.arrived.index("late") < 30  # of 61: sent about 0.15 s into a batch that takes 0.75 s
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
+def test_a_small_call_beside_a_large_batch_gets_its_slots_within_the_next_answers() -> None:
+    """A run's replacements (a second call) must not trickle out one slot at a time until the first batch has sent
+    all: the freed slots go to the call that holds fewest, so the eight late requests go out within about a round
+    (before the fleet's hand-out they went out one per round, the last of them near the batch's end)."""
+    with _echo_server(delay=0.1) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=8)
+        late = [GenerationRequest(messages=(("user", f"late {i}"),)) for i in range(8)]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(80)])
+            time.sleep(0.25)
+            assert len(pool.submit(gen.generate, late).result()) == 8
+            assert len(first.result()) == 80
+        last_late = max(_Echo.arrived.index(f"late {i}") for i in range(8))
+        assert last_late < 56  # of 88: within about two rounds of 8 from the 8th round's start
+
+
+def test_a_freed_slot_goes_to_the_call_that_wants_one_and_holds_fewest() -> None:
+    """The hand-out itself: the call with fewest requests in flight and slots on their way gets the slot (the
+    holder keeps it on a tie), a call with nothing left to send gets none, and with no call wanting one the slot
+    goes to the free pool."""
+    import queue
+
+    from dpsynth.llm.request_fleet import _Call, _Router, _Slot
+
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    router = _Router(None, [], free, threading.Event(), "m")
+    big, small, done = _Call(100), _Call(3), _Call(0)
+    big.in_flight, small.in_flight, done.in_flight = 8, 1, 0
+    router.calls = {0: big, 1: small, 2: done}
+    assert not router.hand_out(5, big)  # to `small` (1 in flight), not to `done` (0, but nothing to send)
+    assert small.transit == 1 and small.inbox.get_nowait() == _Slot(5)
+    assert router.hand_out(6, small, received=True)  # small keeps what it was handed: counted as sent
+    assert (small.transit, small.unsent, small.in_flight) == (0, 2, 2)
+    small.in_flight = 8
+    assert router.hand_out(7, big)  # a tie: the holder keeps it
+    assert (big.unsent, big.in_flight) == (99, 9)
+    big.unsent = small.unsent = 0
+    assert not router.hand_out(8, big) and free.get_nowait() == 8  # nobody wants one: the free pool
+
+
 def test_a_batch_paced_by_the_client_cpu_is_told_once_how_to_lift_it(monkeypatch: pytest.MonkeyPatch,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     from dpsynth.llm import openai_backend

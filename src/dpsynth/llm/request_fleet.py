@@ -9,8 +9,9 @@ threads, under the same retry rules; the parent hands out at most `max_concurren
 failure stops the rest quickly), every answer comes back as it arrives (the request cache keeps every paid-for
 answer, also those of the other workers when one dies), and the first request that gives up stops the others from
 retrying. Several threads may share the fleet (a run asks for replacements of dropped answers while its main batch
-is in flight): a request that gives up stops every call in flight, and each of them reports that request's error,
-not "cancelled".
+is in flight): each slot freed beside another call goes to the call that wants one and holds fewest, so the
+replacements go out within the next answers instead of one at a time until the batch has sent all; a request that
+gives up stops every call in flight, and each of them reports that request's error, not "cancelled".
 
 The parent's CPU per answer matters (every answer of every generator passes through one interpreter lock), so an
 answer costs it two thread wake-ups, not three, and no poll: the answers' reader blocks on its queue (a watcher
@@ -57,6 +58,32 @@ class _Answer:
 class _Exited:
     """Put in the answers' queue by the parent's watcher once every worker has exited: it ends the router, which
     blocks on that queue (a read with a timeout costs a poll each answer, about a sixth of the fleet's CPU)."""
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Put in a call's inbox by another call (or the router) that hands it a free slot: a free thread of
+    `worker`."""
+
+    worker: int
+
+
+class _Call:
+    """One `generate` call's share of the fleet: its inbox (its answers, and slots handed to it), and what the
+    hand-out of freed slots weighs. Only the call itself writes `unsent` and `in_flight` (without the lock while
+    it is the only call); `transit` is written under the router's lock."""
+
+    __slots__ = ("inbox", "unsent", "in_flight", "transit")
+
+    def __init__(self, unsent: int) -> None:
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.unsent, self.in_flight, self.transit = unsent, 0, 0  # transit: slots handed to it, not yet read
+
+    def wants(self) -> bool:
+        return self.unsent > self.transit
+
+    def load(self) -> int:
+        return self.in_flight + self.transit
 
 
 def _explained(gen: Any, err: BaseException) -> str:
@@ -136,7 +163,7 @@ class _Router:
     def __init__(self, outbox: Any, workers: list[Any], free: queue.SimpleQueue, failed: Any, name: str) -> None:
         self.outbox, self.workers, self.free, self.failed, self.name = outbox, workers, free, failed, name
         self.lock = threading.Lock()
-        self.calls: dict[int, queue.SimpleQueue] = {}  # call id -> its answers
+        self.calls: dict[int, _Call] = {}  # call id -> its share
         self.seen = [0] * len(workers)
         self.retries = 0
         self.first_error: str | None = None  # the first request that gave up (not one cancelled because of it)
@@ -185,6 +212,34 @@ class _Router:
         self.outbox.cancel_join_thread()
         self.outbox.put(_Exited())
 
+    def hand_out(self, worker: int, me: _Call | None = None, received: bool = False) -> bool:
+        """A slot in the hands of call `me` (an answer's, or one handed to it: `received`), or of nobody: True if
+        `me` is to send on it (counted as sent), else it has gone to the call that wants one and holds fewest
+        (requests in flight and slots on their way to it; `me` first on a tie), or to the free pool if none wants
+        one. So a small call beside a large batch (a run's replacements) gets its slots within the next answers,
+        not after the batch has sent all, and two large ones share them evenly."""
+        with self.lock:
+            if received and me is not None:
+                me.transit -= 1
+            best = me if me is not None and me.wants() else None
+            for other in self.calls.values():
+                if other is not me and other.wants() and (best is None or other.load() < best.load()):
+                    best = other
+            if best is not None and best is me:
+                me.unsent -= 1
+                me.in_flight += 1
+                return True
+            self.place(worker, best)
+            return False
+
+    def place(self, worker: int, to: _Call | None = None) -> None:
+        """(Under the lock.) A free slot to call `to`, or to the free pool."""
+        if to is None:
+            self.free.put(worker)
+        else:
+            to.transit += 1
+            to.inbox.put(_Slot(worker))
+
     def run(self) -> None:
         while True:
             try:
@@ -200,9 +255,9 @@ class _Router:
                         self.first_error = answer.error
                     caller = self.calls.get(answer.call)
                     if caller is None:
-                        self.free.put(answer.worker)
-                    else:  # under the lock: a call that ends gives back the slots of the answers left in its queue
-                        caller.put(answer)
+                        self.place(answer.worker)
+                    else:  # under the lock: a call that ends gives back the slots of the answers left in its inbox
+                        caller.inbox.put(answer)
             except Exception as err:  # noqa: BLE001 - whatever stops the reading stops every call, with its reason
                 self.stop(err)
                 return
@@ -215,7 +270,8 @@ class RequestFleet:
     answers while its main batch is in flight): together they keep at most `max_concurrency` requests out.
 
     A slot is a free thread of one worker: the free ones wait in `_free` (a worker's id each), a call holds those
-    of its requests in flight, and each answer brings its slot back to its call."""
+    of its requests in flight, and each answer brings its slot back to its call (which hands it on, beside other
+    calls: `_Router.hand_out`)."""
 
     def __init__(self, settings: dict[str, Any], processes: int, concurrency: int, name: str) -> None:
         ctx = mp.get_context("spawn")  # not fork: the parent may hold threads (torch, the engine's)
@@ -240,7 +296,6 @@ class RequestFleet:
         for _ in workers:
             self._router.next(int)
         self._call_ids = itertools.count()
-        self._waiting, self._waiting_lock = 0, threading.Lock()  # calls waiting for a slot
         threading.Thread(target=self._router.run, name=f"{name}-answers", daemon=True).start()
         threading.Thread(target=self._router.watch, name=f"{name}-watcher", daemon=True).start()
         weakref.finalize(self, _shut_down, self._pipes, self._failed, workers)
@@ -253,7 +308,7 @@ class RequestFleet:
     def generate(self, requests: Sequence[GenerationRequest],
                  on_result: ResultCallback | None = None) -> list[GenerationResult]:
         router = self._router
-        answers: queue.SimpleQueue = queue.SimpleQueue()
+        me = _Call(len(requests))
         with router.lock:
             if router.broken is not None:
                 raise router.broken
@@ -261,99 +316,91 @@ class RequestFleet:
                 self._failed.clear()
                 router.first_error = None
             call = next(self._call_ids)
-            router.calls[call] = answers
+            router.calls[call] = me
+            slots = self._claim_free(me)
         try:
-            return self._collect(call, answers, requests, on_result)
+            return self._collect(call, me, slots, requests, on_result)
         finally:
             with router.lock:
                 del router.calls[call]
-            while not answers.empty():  # answers that came after the call stopped reading: their slots
-                self._free.put(answers.get().worker)
+                while not me.inbox.empty():  # answers and slots that came after the call stopped reading
+                    router.place(me.inbox.get().worker)
 
-    def _collect(self, call: int, answers: queue.SimpleQueue, requests: Sequence[GenerationRequest],
+    def _claim_free(self, me: _Call) -> list[int]:
+        """(Under the router's lock.) As many free slots as `me` has requests to send, counted as sent."""
+        slots: list[int] = []
+        while me.unsent > 0:
+            try:
+                slots.append(self._free.get_nowait())
+            except queue.Empty:
+                break
+            me.unsent -= 1
+            me.in_flight += 1
+        return slots
+
+    def _collect(self, call: int, me: _Call, slots: list[int], requests: Sequence[GenerationRequest],
                  on_result: ResultCallback | None) -> list[GenerationResult]:
-        """Send and collect one call's requests. Each answer comes with its slot, which the call uses for its next
-        request (no semaphore for it, about a tenth of the fleet's CPU an answer) while it is the only call;
-        beside others, or when one is waiting, the freed slots go back to `_free`, for whichever call asks first."""
+        """Send and collect one call's requests. Each answer comes with its slot: while this is the only call it
+        sends its next request on it at once (no lock, about a tenth of the fleet's CPU an answer); beside other
+        calls every slot it holds goes through `hand_out`, to whichever call wants one and holds fewest."""
         router = self._router
         results: list[GenerationResult | None] = [None] * len(requests)
         todo = list(enumerate(requests))[::-1]
-        in_flight, error = 0, None
-        owned: list[int] = []  # slots (workers) of this call's answers, not yet used again
-        try:
-            while True:
-                while error is None and todo:
-                    if owned and (self._waiting or len(router.calls) > 1):
-                        self._give_back(owned)
-                    if owned:
-                        worker = owned.pop()
-                    elif in_flight:  # a free slot if there is one (not one another call is waiting for)
-                        if self._waiting:
-                            break
-                        try:
-                            worker = self._free.get_nowait()
-                        except queue.Empty:
-                            break
-                    else:  # no answer to wait for: wait for a slot
-                        slot = self._wait_for_slot()
-                        if slot is None:
-                            self._check_router()
-                            continue
-                        worker = slot
-                    index, request = todo.pop()
-                    self._send(worker, (call, index, request))
-                    in_flight += 1
-                self._give_back(owned)  # nothing more to send for now: the other calls may use them
-                if in_flight == 0:
-                    break
-                try:
-                    answer = answers.get(timeout=POLL_SECONDS)
-                except queue.Empty:
-                    self._check_router()
-                    continue
-                in_flight -= 1
-                owned.append(answer.worker)
+        error = None
+        for worker in slots:
+            self._send(me, worker, (call, *todo.pop()))
+        while me.in_flight or me.unsent:
+            try:
+                message = me.inbox.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                self._check_router()
+                if me.unsent and not me.in_flight:  # a safety net: the hand-out leaves no free slot to a waiter
+                    with router.lock:
+                        slots = self._claim_free(me)
+                    for worker in slots:
+                        self._send(me, worker, (call, *todo.pop()))
+                continue
+            received = isinstance(message, _Slot)
+            if not received:
+                answer: _Answer = message
+                me.in_flight -= 1
                 if answer.error is not None:
                     if error is None:
                         error = answer.error
                         self._failed.set()
-                    continue
-                results[answer.index] = answer.result
-                if on_result and answer.result is not None:
-                    on_result(answer.index, answer.result)
-        finally:
-            self._give_back(owned)
+                        me.unsent = 0  # nothing more is sent; the slots it holds go to the others
+                elif answer.result is not None:
+                    results[answer.index] = answer.result
+                    if on_result:
+                        try:
+                            on_result(answer.index, answer.result)
+                        except BaseException:
+                            me.unsent = 0
+                            router.hand_out(answer.worker)  # the call ends here: its answer's slot is free
+                            raise
+            if me.unsent and not received and len(router.calls) == 1:  # the only call: its slot, at once
+                me.unsent -= 1
+                me.in_flight += 1
+            elif not router.hand_out(message.worker, me, received):
+                continue
+            self._send(me, message.worker, (call, *todo.pop()))
         if error is not None:
             self._check_router()  # a worker that died is the reason, not the cancellations it caused
             raise DpsynthError((router.first_error or error) if error == CANCELLED else error)
         return [r for r in results if r is not None]
 
-    def _send(self, worker: int, item: tuple) -> None:
+    def _send(self, me: _Call, worker: int, item: tuple) -> None:
+        """Write a request (already counted as in flight) to a worker's pipe; if it cannot be, its slot is free."""
         try:
             self._pipes.send(worker, item)
         except BaseException as err:
-            self._free.put(worker)  # not sent: its slot is free
+            me.in_flight -= 1
+            me.unsent = 0  # the call ends with this error
+            self._router.hand_out(worker)
             if isinstance(err, OSError):  # that worker has exited
                 self._check_router()
                 raise self._router.exited(self._workers[worker].exitcode) from err
             raise
-
-    def _wait_for_slot(self) -> int | None:
-        """A free slot's worker within POLL_SECONDS (None if none came); meanwhile the calls in flight give their
-        freed slots back to `_free`."""
-        with self._waiting_lock:
-            self._waiting += 1
-        try:
-            return self._free.get(timeout=POLL_SECONDS)
-        except queue.Empty:
-            return None
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
-
-    def _give_back(self, owned: list[int]) -> None:
-        while owned:
-            self._free.put(owned.pop())
 
     def _check_router(self) -> None:
         if self._router.broken is not None:
