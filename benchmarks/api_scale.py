@@ -10,7 +10,9 @@ Rotten Tomatoes reviews (two joined, picked by a hash of the request, so answers
 is one WASP run (T=5, M private records, K generators with `--concurrency` requests in flight each, an
 empty request cache) in a fresh process, so that its peak resident memory is its own. Per cell it prints:
 - generation time against the latency bound of the generators side by side: per iteration, the largest
-  generator's ceil(requests / concurrency) x latency, summed (re-asks counted in their iteration);
+  generator's ceil(requests / concurrency) x latency, summed (re-asks counted in their iteration); and against
+  an ideal client's time (`ideal_bound`: no time of its own, every drop replaced in the next round, the cell's
+  own drop rates), which also counts the rounds that the last round's drops need after it;
 - the run's own process's CPU while it generates (all its threads, in cores: CPU seconds / wall seconds inside
   `generate_samples`; the request processes and the server excluded): near 1 with `processes:`, the process that
   routes, stores and cleans every answer under one interpreter lock is what sets the pace;
@@ -113,6 +115,9 @@ def start_servers(latency: float, processes: int = 1, drop: int = 0) -> tuple[st
     return f"http://127.0.0.1:{port}/v1", servers
 
 
+WASP_ATTEMPTS = 3  # the cells' asks per sample at most (WASP's default max_attempts)
+
+
 def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int, *, embedder: str, device: str,
              noise_seed: int | None, processes: int) -> dict:
     """One WASP run in this process (called in a child): its metrics and peak memory."""
@@ -124,7 +129,8 @@ def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int
         "data": {"corpus": "rotten_tomatoes", "m": m},
         "generators": [{"kind": "openai", "model": f"m{i}", "name": f"plm{i}", "base_url": url,
                         "max_concurrency": concurrency, "processes": processes} for i in range(k)],
-        "wasp": {"n": n, "iterations": iterations, "q": 8, "s": 4, "max_tokens": 64},
+        "wasp": {"n": n, "iterations": iterations, "q": 8, "s": 4, "max_tokens": 64,
+                 "max_attempts": WASP_ATTEMPTS},
         "privacy": {"epsilon": 4.0, "delta": 1e-5},
         "evaluate": False,
         "device": device,
@@ -159,6 +165,43 @@ def latency_bound(metrics: dict, concurrency: int, latency: float) -> float:
         asked = [s.get("kept", 0) + sum((s.get("dropped") or {}).values()) for s in record["generated"].values()]
         total += max(math.ceil(a / concurrency) for a in asked) * latency if asked else 0.0
     return total
+
+
+def ideal_rounds(first: int, drop: float, concurrency: int, attempts: int, rng: np.random.Generator) -> int:
+    """Rounds of latency an ideal client needs for one generator's `first` requests when each answer is dropped
+    with probability `drop` and replaced (up to `attempts` asks in all): no time of its own, every drop known the
+    moment its answer arrives and replaced in the very next round, ahead of the first batch's requests. The last
+    round's drops still need one more round (and theirs another), which the latency bound does not count."""
+    main, waiting, rounds = first, [0] * attempts, 0  # waiting[a]: replacements to ask at attempt a
+    while main or any(waiting):
+        free, sent = concurrency, []
+        for attempt in range(attempts - 1, 0, -1):
+            take = min(free, waiting[attempt])
+            waiting[attempt], free = waiting[attempt] - take, free - take
+            sent.append((attempt, take))
+        take = min(free, main)
+        main -= take
+        sent.append((0, take))
+        rounds += 1
+        for attempt, count in sent:
+            if attempt + 1 < attempts:
+                waiting[attempt + 1] += int(rng.binomial(count, drop))
+    return rounds
+
+
+def ideal_bound(iterations: list[list[tuple[int, int]]], concurrency: int, latency: float, attempts: int,
+                draws: int = 200) -> float:
+    """Seconds an ideal client would need (`ideal_rounds`; the mean over `draws` seeded draws of the drops), the
+    generators side by side: per iteration the slowest one's rounds, summed. `iterations`: per iteration, per
+    generator, (samples kept, answers dropped); each one's first batch is what it kept, its drop rate the
+    share of its answers dropped."""
+    rng = np.random.default_rng(0)
+    total = 0
+    for _ in range(draws):
+        for generators in iterations:
+            total += max(ideal_rounds(kept, dropped / max(kept + dropped, 1), concurrency, attempts, rng)
+                         for kept, dropped in generators)
+    return total / draws * latency
 
 
 def encoder_peak(texts: list[str], embedder_name: str, device: str) -> float:
@@ -233,9 +276,9 @@ def main() -> None:
           f"in flight per generator from {args.processes} process(es) each; "
           f"encoder peak {peak:.0f} texts/s ({args.embedder} on {args.device}, texts like the answers, this machine)"
           + ("; seeded numpy noise" if args.noise_seed is not None else "; OpenDP's exact noise"))
-    print("| K | N | requests | generation s | / latency bound | run's CPU in generation, cores | own ms/request "
-          "| embedding texts/s | / peak | voting s | wall s | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| K | N | requests | generation s | / latency bound | / ideal client | run's CPU in generation, cores "
+          "| own ms/request | embedding texts/s | / peak | voting s | wall s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     cache_root = Path(tempfile.mkdtemp(prefix="api-scale-"))
     rss: dict[int, dict[int, int]] = {}
     own_s: dict[int, dict[int, tuple[int, float]]] = {}  # K -> N -> (requests, own seconds)
@@ -259,6 +302,9 @@ def main() -> None:
             m, t = cell["metrics"], cell["metrics"]["timings"]
             requests = sum(u["requests"] for u in m["usage"].values())
             bound = latency_bound(m, args.concurrency, args.latency)
+            ideal = ideal_bound([[(g.get("kept", 0), sum((g.get("dropped") or {}).values()))
+                                  for g in record["generated"].values()] for record in m["iterations"]],
+                                args.concurrency, args.latency, WASP_ATTEMPTS)
             samples = sum(m["samples_per_plm"].values())
             embed_s = t.get("embedding", 0.0)
             own = t["wall"] - t.get("generation", 0.0) - embed_s - t.get("voting", 0.0) - t.get("load_models", 0.0)
@@ -267,7 +313,8 @@ def main() -> None:
             own_s.setdefault(k, {})[n] = (requests, own)
             generation, voting = t.get("generation", 0.0), t.get("voting", 0.0)
             busy = cell["generation_cpu_s"] / cell["generation_wall_s"] if cell["generation_wall_s"] else float("nan")
-            print(f"| {k} | {n} | {requests} | {generation:.1f} | {generation / bound:.2f}x | {busy:.2f} "
+            print(f"| {k} | {n} | {requests} | {generation:.1f} | {generation / bound:.2f}x "
+                  f"| {generation / ideal:.2f}x | {busy:.2f} "
                   f"| {own / requests * 1e3:.2f} | {throughput:.0f} | {throughput / peak:.2f} | {voting:.1f} "
                   f"| {t['wall']:.1f} | {cell['peak_rss_bytes'] / 2**20:.0f} |")
             last_cache = cache / "requests.sqlite"
