@@ -597,15 +597,18 @@ class _Unsendable(str):
         raise TypeError("this text cannot be sent to a request process")
 
 
+@pytest.mark.parametrize("first", [False, True])
 @pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
-def test_a_request_that_cannot_be_sent_is_the_error_and_frees_its_slot() -> None:
+def test_a_request_that_cannot_be_sent_is_the_error_and_frees_its_slot(first: bool) -> None:
     """The calling thread writes each request to the workers: one that cannot be pickled is its call's error at
-    once (not an answer that never comes), and its slot, like those of the requests sent before it, is free."""
+    once (not an answer that never comes), and its slot, like those of the requests sent before it and those the
+    call had claimed for the requests after it (`first`: all four claimed at its start), is free."""
     with _echo_server(delay=0.05) as url:
         gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
+        good = [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(3)]
+        bad = [GenerationRequest(messages=(("user", _Unsendable("x")),))]
         with pytest.raises(TypeError, match="cannot be sent"):
-            gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(3)]
-                         + [GenerationRequest(messages=(("user", _Unsendable("x")),))])
+            gen.generate(bad + good if first else good + bad)
         time.sleep(0.2)  # the three sent come back meanwhile
         _Echo.most_in_flight = 0
         gen.generate([GenerationRequest(messages=(("user", f"y{i}"),)) for i in range(8)])
@@ -641,6 +644,30 @@ def test_a_small_call_beside_a_large_batch_gets_its_slots_within_the_next_answer
             assert len(first.result()) == 80
         last_late = max(_Echo.arrived.index(f"late {i}") for i in range(8))
         assert last_late < 56  # of 88: within about two rounds of 8 from the 8th round's start
+
+
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
+def test_the_slots_of_a_call_that_fails_go_to_the_call_beside_it() -> None:
+    """A call that ends with an error (its on_result raised) beside a batch: the slots of its requests still in
+    flight, and those on their way to it, go to the batch, which reads no free pool while it has requests out (they
+    sat in that pool, and the batch ran on 5 of its 8 slots to its end)."""
+    with _echo_server(delay=0.05) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=8)
+
+        def full_disk(i: int, result: object) -> None:
+            raise OSError("disk full while caching")
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            batch = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(600)])
+            time.sleep(0.3)
+            with pytest.raises(OSError):
+                gen.generate([GenerationRequest(messages=(("user", f"late {i}"),)) for i in range(8)],
+                             on_result=full_disk)
+            time.sleep(0.3)  # the failed call's answers come back meanwhile
+            _Echo.most_in_flight = 0
+            time.sleep(0.5)
+            assert not batch.done() and _Echo.most_in_flight == 8
+            assert len(batch.result()) == 600
 
 
 def test_a_freed_slot_goes_to_the_call_that_wants_one_and_holds_fewest() -> None:

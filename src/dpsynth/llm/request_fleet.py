@@ -221,10 +221,7 @@ class _Router:
         with self.lock:
             if received and me is not None:
                 me.transit -= 1
-            best = me if me is not None and me.wants() else None
-            for other in self.calls.values():
-                if other is not me and other.wants() and (best is None or other.load() < best.load()):
-                    best = other
+            best = self.neediest(me)
             if best is not None and best is me:
                 me.unsent -= 1
                 me.in_flight += 1
@@ -232,8 +229,17 @@ class _Router:
             self.place(worker, best)
             return False
 
-    def place(self, worker: int, to: _Call | None = None) -> None:
-        """(Under the lock.) A free slot to call `to`, or to the free pool."""
+    def neediest(self, me: _Call | None = None) -> _Call | None:
+        """(Under the lock.) The call that wants a slot and holds fewest, `me` on a tie; None if none wants one."""
+        best = me if me is not None and me.wants() else None
+        for other in self.calls.values():
+            if other is not me and other.wants() and (best is None or other.load() < best.load()):
+                best = other
+        return best
+
+    def place(self, worker: int, to: _Call | None) -> None:
+        """(Under the lock.) A free slot to call `to`, or to the free pool (which only a call with nothing in
+        flight reads, so a slot goes there only when no call wants one)."""
         if to is None:
             self.free.put(worker)
         else:
@@ -255,7 +261,7 @@ class _Router:
                         self.first_error = answer.error
                     caller = self.calls.get(answer.call)
                     if caller is None:
-                        self.place(answer.worker)
+                        self.place(answer.worker, self.neediest())
                     else:  # under the lock: a call that ends gives back the slots of the answers left in its inbox
                         caller.inbox.put(answer)
             except Exception as err:  # noqa: BLE001 - whatever stops the reading stops every call, with its reason
@@ -324,7 +330,7 @@ class RequestFleet:
             with router.lock:
                 del router.calls[call]
                 while not me.inbox.empty():  # answers and slots that came after the call stopped reading
-                    router.place(me.inbox.get().worker)
+                    router.place(me.inbox.get().worker, router.neediest())
 
     def _claim_free(self, me: _Call) -> list[int]:
         """(Under the router's lock.) As many free slots as `me` has requests to send, counted as sent."""
@@ -347,8 +353,7 @@ class RequestFleet:
         results: list[GenerationResult | None] = [None] * len(requests)
         todo = list(enumerate(requests))[::-1]
         error = None
-        for worker in slots:
-            self._send(me, worker, (call, *todo.pop()))
+        self._send_claimed(me, slots, call, todo)
         while me.in_flight or me.unsent:
             try:
                 message = me.inbox.get(timeout=POLL_SECONDS)
@@ -357,8 +362,7 @@ class RequestFleet:
                 if me.unsent and not me.in_flight:  # a safety net: the hand-out leaves no free slot to a waiter
                     with router.lock:
                         slots = self._claim_free(me)
-                    for worker in slots:
-                        self._send(me, worker, (call, *todo.pop()))
+                    self._send_claimed(me, slots, call, todo)
                 continue
             received = isinstance(message, _Slot)
             if not received:
@@ -388,6 +392,18 @@ class RequestFleet:
             self._check_router()  # a worker that died is the reason, not the cancellations it caused
             raise DpsynthError((router.first_error or error) if error == CANCELLED else error)
         return [r for r in results if r is not None]
+
+    def _send_claimed(self, me: _Call, slots: list[int], call: int, todo: list) -> None:
+        """Send a request on each of the slots `me` claimed (counted as sent); if one cannot be sent, the call ends
+        with that error and the slots not yet used are free again."""
+        for sent, worker in enumerate(slots):
+            try:
+                self._send(me, worker, (call, *todo.pop()))
+            except BaseException:
+                for unused in slots[sent + 1:]:
+                    me.in_flight -= 1
+                    self._router.hand_out(unused)
+                raise
 
     def _send(self, me: _Call, worker: int, item: tuple) -> None:
         """Write a request (already counted as in flight) to a worker's pipe; if it cannot be, its slot is free."""
