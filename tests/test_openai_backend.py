@@ -670,6 +670,45 @@ def test_the_slots_of_a_call_that_fails_go_to_the_call_beside_it() -> None:
             assert len(batch.result()) == 600
 
 
+@pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
+def test_many_calls_at_once_some_failing_lose_no_slot_and_never_exceed_the_limit() -> None:
+    """Seeded random calls side by side (sizes 1-40, a third of them stopped by a failing callback at a random
+    answer): every call that does not fail gets all its answers in order, the server never has more than
+    max_concurrency requests, and once all are done every slot is back in the free pool."""
+    rng = random.Random(7)
+    with _echo_server(delay=0.01) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=6)
+        assert gen._fleet is not None
+
+        def one_call(c: int, size: int, fail_at: float, delay: float) -> list[str] | None:
+            texts = [f"call {c} text {i}" for i in range(size)]
+            heard = 0
+
+            def maybe_fail(i: int, result: object) -> None:
+                nonlocal heard
+                heard += 1
+                if fail_at < 1 / 3 and heard > fail_at * 3 * size:
+                    time.sleep(0.02)  # answers in flight arrive meanwhile: they wait in the call's inbox
+                    raise OSError("disk full while caching")
+
+            time.sleep(delay)
+            try:
+                out = gen.generate([GenerationRequest(messages=(("user", t),)) for t in texts], on_result=maybe_fail)
+            except OSError:
+                return None
+            assert [r.text for r in out] == texts
+            return texts
+
+        for _ in range(3):
+            with ThreadPoolExecutor(max_workers=6) as pool:
+                outcomes = list(pool.map(one_call, range(6), [rng.randint(1, 40) for _ in range(6)],
+                                         [rng.random() for _ in range(6)], [rng.random() * 0.1 for _ in range(6)]))
+            assert any(o is not None for o in outcomes)
+        time.sleep(0.3)  # the failed calls' last answers come back meanwhile
+        assert _Echo.most_in_flight <= 6
+        assert gen._fleet._free.qsize() == 6
+
+
 def test_a_freed_slot_goes_to_the_call_that_wants_one_and_holds_fewest() -> None:
     """The hand-out itself: the call with fewest requests in flight and slots on their way gets the slot (the
     holder keeps it on a tie), a call with nothing left to send gets none, and with no call wanting one the slot
