@@ -189,18 +189,24 @@ def ideal_rounds(first: int, drop: float, concurrency: int, attempts: int, rng: 
     return rounds
 
 
-def ideal_bound(iterations: list[list[tuple[int, int]]], concurrency: int, latency: float, attempts: int,
+def first_asked_dropped(stats: dict) -> tuple[int, int, int]:
+    """One generator's (samples requested, answers received, answers dropped) in one iteration's stats."""
+    dropped = sum((stats.get("dropped") or {}).values())
+    return stats.get("requested", stats.get("kept", 0)), stats.get("kept", 0) + dropped, dropped
+
+
+def ideal_bound(iterations: list[list[tuple[int, int, int]]], concurrency: int, latency: float, attempts: int,
                 draws: int = 200) -> float:
     """Seconds an ideal client would need (`ideal_rounds`; the mean over `draws` seeded draws of the drops), the
     generators side by side: per iteration the slowest one's rounds, summed. `iterations`: per iteration, per
-    generator, (samples kept, answers dropped); each one's first batch is what it kept, its drop rate the
-    share of its answers dropped."""
+    generator, (samples requested: its first batch, answers received, answers dropped: its drop rate is their
+    share)."""
     rng = np.random.default_rng(0)
     total = 0
     for _ in range(draws):
         for generators in iterations:
-            total += max(ideal_rounds(kept, dropped / max(kept + dropped, 1), concurrency, attempts, rng)
-                         for kept, dropped in generators)
+            total += max(ideal_rounds(first, dropped / max(asked, 1), concurrency, attempts, rng)
+                         for first, asked, dropped in generators)
     return total / draws * latency
 
 
@@ -302,9 +308,8 @@ def main() -> None:
             m, t = cell["metrics"], cell["metrics"]["timings"]
             requests = sum(u["requests"] for u in m["usage"].values())
             bound = latency_bound(m, args.concurrency, args.latency)
-            ideal = ideal_bound([[(g.get("kept", 0), sum((g.get("dropped") or {}).values()))
-                                  for g in record["generated"].values()] for record in m["iterations"]],
-                                args.concurrency, args.latency, WASP_ATTEMPTS)
+            ideal = ideal_bound([[first_asked_dropped(g) for g in record["generated"].values()]
+                                 for record in m["iterations"]], args.concurrency, args.latency, WASP_ATTEMPTS)
             samples = sum(m["samples_per_plm"].values())
             embed_s = t.get("embedding", 0.0)
             own = t["wall"] - t.get("generation", 0.0) - embed_s - t.get("voting", 0.0) - t.get("load_models", 0.0)

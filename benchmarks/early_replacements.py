@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from api_scale import ideal_bound, start_servers  # noqa: E402 - the same loopback server, with empty answers
+from api_scale import first_asked_dropped, ideal_bound, start_servers  # noqa: E402 - the same loopback server, with empty answers
 
 ATTEMPTS = 4  # asks per sample at most
 
@@ -66,7 +66,7 @@ def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, floa
             asked = [s["kept"] + sum(s["dropped"].values()) for s in stats.values()]
             requests += sum(asked)
             bound += max(math.ceil(a / args.concurrency) for a in asked) * args.latency
-            drops.append([(s["kept"], sum(s["dropped"].values())) for s in stats.values()])
+            drops.append([first_asked_dropped(s) for s in stats.values()])
         sent = sum(g.usage.requests - g.usage.cached for g in gens.values())  # what the server was sent
         assert sent == requests, f"{sent} requests sent, {requests} asked by the attempts"
         return sent, seconds, bound, ideal_bound(drops, args.concurrency, args.latency, ATTEMPTS)
