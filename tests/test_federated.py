@@ -318,3 +318,4 @@ def test_parties_get_the_label_order_of_the_task_also_for_a_corpus() -> None:
     labels = task_for(cfg).label_names
     settings = settings_for(cfg, holder, labels, deployed=False)
     assert _json.loads(settings.party_data["labels"]) == labels and len(labels) == 6
+    assert settings.device == "cpu"  # the run's `device:` (auto: no GPU here); simulated parties train there

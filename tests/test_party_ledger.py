@@ -98,8 +98,8 @@ def test_training_round_is_charged_on_the_party_ledger_before_it_runs(tmp_path: 
     from dpsynth.finetune.request import AdapterTraining
 
     trained: list[float] = []
-    monkeypatch.setattr(party_training, "local_update",
-                        lambda shard, adapter, config, noise_seed: trained.append(config["noise_multiplier"]) or adapter)
+    monkeypatch.setattr(party_training, "local_update", lambda shard, adapter, config, noise_seed, device:
+                        trained.append(config["noise_multiplier"]) or adapter)
     request = AdapterTraining(model="m.gguf", lora_r=4, lora_alpha=8, steps=3, sampling_rate=0.2, clip_norm=1.0,
                               learning_rate=1e-3, max_length=16, prompts={"a": "A:"})
     shard = PartyShard(party_id=0, embeddings=np.zeros((1, 2), np.float32), label_ids=np.zeros(1, np.int64))
@@ -119,6 +119,34 @@ def test_training_round_is_charged_on_the_party_ledger_before_it_runs(tmp_path: 
                                                                           noise_multiplier=1.5)))
     answer(0.0, None)
     assert trained == [1.5, 0.0]
+
+
+def test_a_party_trains_on_its_own_device_choice(monkeypatch) -> None:
+    """A deployed party's DP training runs where its node config says (`device`, default auto: its GPU if torch
+    sees one), a bad value is one clear error, and the choice reaches the DP-SGD loop (`train_adapter`)."""
+    from dpsynth import flower_app
+    from dpsynth.device import resolve_device
+    from dpsynth.federated import party_training
+    from dpsynth.finetune.request import AdapterTraining
+
+    assert flower_app.party_device(SimpleNamespace(node_config={"device": "cpu"})) == "cpu"
+    assert flower_app.party_device(SimpleNamespace(node_config={})) == resolve_device("auto")
+    with pytest.raises(DpsynthError, match="'tpu' is not one of auto, cpu, cuda"):
+        flower_app.party_device(SimpleNamespace(node_config={"device": "tpu"}))
+
+    seen: list[str] = []
+    monkeypatch.setattr(party_training, "_model", lambda request: (None, None))
+    monkeypatch.setattr("dpsynth.finetune.model.load_adapter_vector", lambda model, vec: None)
+    monkeypatch.setattr("dpsynth.finetune.dp_adam.train_adapter",
+                        lambda *args, device, **kw: seen.append(device) or np.zeros(2, np.float32))
+    request = AdapterTraining(model="m.gguf", lora_r=4, lora_alpha=8, steps=3, sampling_rate=0.2, clip_norm=1.0,
+                              learning_rate=1e-3, max_length=16, prompts={"a": "A:"})
+    shard = PartyShard(party_id=0, embeddings=np.zeros((1, 2), np.float32), label_ids=np.zeros(1, np.int64),
+                       texts=("a text",))
+    config = {"request": request.model_dump_json(), "release": "train", "round_index": 0, "noise_multiplier": 1.0,
+              "max_records": 10, "labels": '["a"]'}
+    party_training.training_answer(shard, np.ones(2, np.float32), config, ledger=None, noise_seed=1, device="cuda")
+    assert seen == ["cuda"]  # passed through, not the default (the DP-SGD loop itself is stood in for here)
 
 
 def test_deployed_party_reads_its_budget_from_node_config(tmp_path: Path) -> None:

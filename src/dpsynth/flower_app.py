@@ -87,6 +87,14 @@ def party_ledger(context: Any) -> PartyLedger:
     return PartyLedger(path, float(config.get("epsilon", math.inf)), float(config.get("delta", 1e-5)))
 
 
+def party_device(context: Any) -> str:
+    """Where this SuperNode trains when it is a strong party: `device` in its node config (auto, cpu or cuda;
+    default auto: its GPU if torch sees one), its own choice, not the server's."""
+    from dpsynth.device import resolve_device
+
+    return resolve_device(str(context.node_config.get("device", "auto")))
+
+
 client_app = party_client_app(_NodeShard(), secure=True, noise_seed=None,
                               may_train=lambda context: str(context.node_config.get("role", "")) == "strong",
-                              ledger_for=party_ledger)
+                              ledger_for=party_ledger, device_for=party_device)

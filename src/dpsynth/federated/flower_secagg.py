@@ -95,6 +95,7 @@ class FederationSettings:
     timeout: float
     noise_seed: int | None = None
     party_data: dict[str, str] = field(default_factory=dict)  # how a deployed party reads its own file
+    device: str = "cpu"  # where a simulated party's DP training runs ('cpu' or 'cuda': the run's, resolved)
 
 
 def quantization_range(parties: int) -> int:
@@ -315,13 +316,15 @@ PLAIN_ROUNDS = ("roster", "train")  # rounds whose answers are public (a party i
 
 def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | None,
                      may_train: Callable[[Any], bool] = lambda context: True,
-                     ledger_for: Callable[[Any], PartyLedger | None] = lambda context: None):
+                     ledger_for: Callable[[Any], PartyLedger | None] = lambda context: None,
+                     device_for: Callable[[Any], str] = lambda context: "cpu"):
     """The ClientApp every party runs: its noisy votes for each round, masked by SecAgg+ if `secure`;
     its party id for the roster round; its locally DP adapter update for a training round, if
     `may_train(context)` (a deployed party trains only when its node config makes it a strong party).
     If `ledger_for` gives the party its own ledger (a deployed party always has one), every vote and
     training answer is charged there before it is computed, and refused past the party's own budget
-    (or without noise, unless the ledger allows it)."""
+    (or without noise, unless the ledger allows it). `device_for(context)`: where the party trains ('cpu' or
+    'cuda')."""
     from flwr.client import NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.clientapp import ClientApp
@@ -343,7 +346,7 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
                     raise DpsynthError("this party is not a training party (node config role=\"strong\")")
                 (adapter,) = parameters
                 return [training_answer(shard, adapter, config, ledger=ledger_for(self.context),
-                                        noise_seed=noise_seed)], 1, {}
+                                        noise_seed=noise_seed, device=device_for(self.context))], 1, {}
             candidates, labels = parameters
             spec = VoteSpec.model_validate_json(str(config["spec"]))
             party_sigma = float(config["party_sigma"])
@@ -408,8 +411,11 @@ def run_federation(shards: list[PartyShard], settings: FederationSettings,
         client_app=party_client_app(
             lambda context, _config: shards[int(context.node_config["partition-id"])],
             secure=settings.secure, noise_seed=settings.noise_seed,
-            ledger_for=lambda context: ledger_for(shards[int(context.node_config["partition-id"])].party_id)),
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            ledger_for=lambda context: ledger_for(shards[int(context.node_config["partition-id"])].party_id),
+            device_for=lambda context: settings.device),
+        # Ray hides the GPU from a party that asks for none: on `cuda` the parties share it
+        backend_config={"client_resources": {"num_cpus": 1,
+                                             "num_gpus": 1.0 / settings.parties if settings.device == "cuda" else 0.0},
                         "init_args": {"include_dashboard": False, "log_to_driver": False}},
     )
     if "error" in outcome:

@@ -25,7 +25,7 @@ _MODELS: dict[tuple[str, int, int], tuple[Any, Any]] = {}
 
 
 def training_answer(shard: PartyShard, adapter: np.ndarray, config: Any, *, ledger: PartyLedger | None,
-                    noise_seed: int | None) -> np.ndarray:
+                    noise_seed: int | None, device: str = "cpu") -> np.ndarray:
     """The party's answer to a training round: the round charged on its own ledger first (which refuses it
     past the party's budget, or without noise unless the party allows that), then its local update.
 
@@ -36,11 +36,14 @@ def training_answer(shard: PartyShard, adapter: np.ndarray, config: Any, *, ledg
         ledger.charge_training(release=str(config["release"]), round_index=int(config["round_index"]),
                                steps=request.steps, sampling_rate=request.sampling_rate,
                                noise_multiplier=float(config["noise_multiplier"]))
-    return local_update(shard, adapter, config, noise_seed=noise_seed)
+    return local_update(shard, adapter, config, noise_seed=noise_seed, device=device)
 
 
-def local_update(shard: PartyShard, adapter: np.ndarray, config: Any, *, noise_seed: int | None) -> np.ndarray:
-    """The party's adapter after its local DP steps, minus the adapter it started from (float32)."""
+def local_update(shard: PartyShard, adapter: np.ndarray, config: Any, *, noise_seed: int | None,
+                 device: str = "cpu") -> np.ndarray:
+    """The party's adapter after its local DP steps, minus the adapter it started from (float32). `device`
+    ('cpu' or 'cuda'): where this party's DP-SGD runs, the party's own choice (a simulation's parties use the
+    run's `device:`; a deployed party its node config's `device`)."""
     import torch
 
     from dpsynth.finetune.dp_adam import TrainSettings, train_adapter
@@ -64,7 +67,8 @@ def local_update(shard: PartyShard, adapter: np.ndarray, config: Any, *, noise_s
                              noise_multiplier=float(config["noise_multiplier"]), clip_norm=request.clip_norm,
                              learning_rate=request.learning_rate, max_length=request.max_length, seed=seed)
     prompts = [request.prompts[labels[int(i)]] for i in shard.label_ids]
-    trained = train_adapter(model, tokenizer, prompts, list(shard.texts), settings, checkpoint_dir=None)
+    trained = train_adapter(model, tokenizer, prompts, list(shard.texts), settings, checkpoint_dir=None,
+                            device=device)
     return (trained - np.asarray(adapter, dtype=np.float32)).astype(np.float32)
 
 

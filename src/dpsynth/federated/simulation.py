@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from dpsynth.config import RunConfig
 from dpsynth.data.records import TaskSpec
+from dpsynth.device import resolve_device
 from dpsynth.embed.sentence import Embedder
 from dpsynth.federated.flower_secagg import (
     FederationSettings,
@@ -37,6 +38,7 @@ def settings_for(config: RunConfig, holder: FederatedHolder, labels: list[str], 
         max_records=fed.max_records_per_party, timeout=fed.timeout,
         # deployed parties always draw secure noise: a seed known to the server would let it remove the noise
         noise_seed=None if deployed else config.privacy.noise_seed,
+        device="cpu" if deployed else resolve_device(config.device),  # deployed parties choose their own
         party_data={"text_column": config.data.text_column, "label_column": config.data.label_column,
                     "labels": json.dumps(labels),
                     "embedder": config.embedder},
