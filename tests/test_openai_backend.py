@@ -592,6 +592,28 @@ def test_a_call_that_stops_early_frees_its_slots() -> None:
         assert _Echo.most_in_flight == 4
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.timeout(120)
+def test_a_failing_on_result_stops_the_sending(processes: int) -> None:
+    """When the answers can no longer be kept (on_result raises: the request cache's disk is full), no more
+    requests are paid for: the error is raised once those in flight are back. With `processes: 1` the thread
+    pool used to send all 200 requests after the error."""
+    with _echo_server(delay=0.01) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4)
+        heard = []
+
+        def full_disk(i: int, result: object) -> None:
+            heard.append(i)
+            if len(heard) == 3:
+                raise OSError("disk full while caching")
+
+        with pytest.raises(OSError, match="disk full"):
+            gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(200)], on_result=full_disk)
+        time.sleep(0.2)  # anything still being sent would reach the server meanwhile
+        assert len(_Echo.arrived) <= 3 + 4 + 4  # the answers heard, those in flight, and a slot's worth of slack
+        assert len(heard) == 3  # nothing is handed to a callback that failed
+
+
 class _Unsendable(str):
     def __reduce__(self) -> tuple:
         raise TypeError("this text cannot be sent to a request process")

@@ -205,23 +205,28 @@ class OpenAICompatGenerator:
         results: list[GenerationResult | None] = [None] * len(requests)
         error: BaseException | None = None
         failed = threading.Event()  # once a request has given up, the others stop retrying
+        heard_failed = False  # on_result raised: nothing more is sent or handed to it
         cpu, wall = time.process_time(), time.perf_counter()
         with ThreadPoolExecutor(max_workers=self._max_concurrency) as pool:
             futures = {pool.submit(self._one_in_slot, r, failed): i for i, r in enumerate(requests)}
             for future in as_completed(futures):
                 if future.cancelled():
                     continue
-                if future.exception() is not None:
+                problem = future.exception()
+                if problem is None:
+                    i = futures[future]
+                    result = results[i] = future.result()
+                    if on_result and not heard_failed:
+                        try:
+                            on_result(i, result)
+                        except BaseException as err:  # noqa: BLE001 - e.g. the cache cannot keep answers: stop paying
+                            problem, heard_failed = err, True
+                if problem is not None:
                     # Stop sending new requests, but keep (and cache) those already in flight.
-                    error = error or future.exception()
+                    error = error or problem
                     failed.set()
                     for other in futures:
                         other.cancel()
-                    continue
-                i = futures[future]
-                result = results[i] = future.result()
-                if on_result:
-                    on_result(i, result)
         self._hint_if_client_bound(len(requests), time.process_time() - cpu, time.perf_counter() - wall)
         if error is not None:
             raise self._explain(error) from error
