@@ -90,8 +90,11 @@ class _Shuffled:
     """A backend whose answers arrive in a seeded random order, a seeded share of them unusable (empty) or the
     same text as another request's (one of a few shared texts); every request it is sent is recorded."""
 
-    def __init__(self, name: str, remote: bool, seed: int, log: list, slow_last: threading.Event | None = None):
+    def __init__(self, name: str, remote: bool, seed: int, log: list, slow_last: threading.Event | None = None,
+                 concurrency: int | None = None):
         self.name, self.runs_remotely, self._seed, self._log, self._slow_last = name, remote, seed, log, slow_last
+        if concurrency is not None:  # an API generator that says so: its requests go out in blocks
+            self.max_concurrency = concurrency
         self.held_back: list[bool] = []  # per held-back answer: was a replacement asked while it waited
 
     model_id = property(lambda self: f"shuffled:{self.name}")
@@ -123,25 +126,28 @@ class _Shuffled:
         return out
 
 
-def _shuffled_run(tmp_path: Path, remote: bool, seed: int, existing=(), slow_last=None):
+def _shuffled_run(tmp_path: Path, remote: bool, seed: int, existing=(), slow_last=None, concurrency=None):
     log: list = []
-    cache = RequestCache(tmp_path / f"cache-{remote}-{seed}.sqlite")
-    gens = {n: CachedGenerator(_Shuffled(n, remote, seed, log, slow_last), cache) for n in ("a", "b")}
+    cache = RequestCache(tmp_path / f"cache-{remote}-{seed}-{concurrency}.sqlite")
+    gens = {n: CachedGenerator(_Shuffled(n, remote, seed, log, slow_last, concurrency), cache) for n in ("a", "b")}
     plans = [GenerationPlan("a", {"positive": 6, "negative": 5}), GenerationPlan("b", {"positive": 5, "negative": 6})]
     samples, stats = generate_samples(1, plans=plans, generators=gens, existing=list(existing), max_attempts=4,
                                       make_requests=zero_shot_requests(TASK, PromptSettings(), seed, "t"))
     return samples, stats, log
 
 
+@pytest.mark.parametrize("concurrency", [None, 2])
 @pytest.mark.parametrize("seed", range(6))
-def test_early_replacements_ask_the_same_requests_and_keep_the_same_samples(tmp_path: Path, seed: int) -> None:
+def test_early_replacements_ask_the_same_requests_and_keep_the_same_samples(tmp_path: Path, seed: int,
+                                                                            concurrency: int | None) -> None:
     """API generators ask the replacements of dropped answers while the first batch is in flight; answers arrive
-    in any order, with empty ones and duplicates across PLMs and attempts. The requests sent (none more, none
-    fewer), the samples and the stats equal those of the plain pass, attempt after attempt."""
+    in any order, with empty ones and duplicates across PLMs and attempts; with a stated concurrency each
+    attempt's requests go out in blocks of their own calls. The requests sent (none more, none fewer), the samples
+    and the stats equal those of the plain pass, attempt after attempt, one call a batch."""
     from dpsynth.methods.generation import SyntheticSample
 
     earlier = [SyntheticSample(0, "one of the few texts everybody writes, number 1", "positive", "a", 0)]
-    early, early_stats, early_log = _shuffled_run(tmp_path, True, seed, earlier)
+    early, early_stats, early_log = _shuffled_run(tmp_path, True, seed, earlier, concurrency=concurrency)
     plain, plain_stats, plain_log = _shuffled_run(tmp_path, False, seed, earlier)
     assert sorted((n, s) for n, s, _ in early_log) == sorted((n, s) for n, s, _ in plain_log)
     assert [(x.id, x.plm, x.label, x.text) for x in early] == [(x.id, x.plm, x.label, x.text) for x in plain]
@@ -195,3 +201,76 @@ def test_a_replacement_that_fails_stops_the_others_and_is_the_error(tmp_path: Pa
                          generators={"p": CachedGenerator(Quota(), RequestCache(tmp_path / "c.sqlite"))}, existing=[],
                          max_attempts=3, make_requests=zero_shot_requests(TASK, PromptSettings(), 0, "t"))
     assert calls[0] == 200 and 2 <= len(calls) <= 4 and sum(calls[1:]) <= 100
+
+
+def test_blocks_are_the_plans_requests_once_each_in_growing_prefixes() -> None:
+    from dpsynth.methods.generation import _blocks
+
+    make = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+    plan = GenerationPlan("a", {"positive": 10, "negative": 7})
+    whole = make(plan, 0, True)
+    blocks = list(_blocks(plan, lambda p: make(p, 0, True), 3))
+    assert [len(b) for b in blocks] == [4, 9, 4]  # ceil(10 x 3/17) + ceil(7 x 3/17), then up to 12, then the rest
+    got = sorted((label, j, r.seed) for b in blocks for label, j, r in b)
+    js = {"positive": iter(range(10)), "negative": iter(range(7))}
+    assert got == sorted((label, next(js[label]), r.seed) for label, r in whole)
+    assert [[(label, r) for label, _, r in b] for b in _blocks(plan, lambda p: make(p, 0, True), None)] == [whole]
+
+
+class _Blocked:
+    """An API generator that says it has `max_concurrency` requests in flight; answers after `pace` s each,
+    every call in its own thread; `fail_first_call`: the first call raises after one answer; `first_call`: set
+    when the first call arrives."""
+
+    runs_remotely, chat, name, model_id = True, True, "p", "blocked"
+
+    def __init__(self, max_concurrency: int, pace: float = 0.0, fail_first_call: bool = False) -> None:
+        self.max_concurrency, self.pace, self.fail_first_call = max_concurrency, pace, fail_first_call
+        self.calls: list[int] = []
+        self.answered = 0
+        self.first_call = threading.Event()
+        self.lock = threading.Lock()
+
+    def generate(self, requests, on_result=None):
+        with self.lock:
+            self.calls.append(len(requests))
+            first = len(self.calls) == 1
+        self.first_call.set()
+        out = []
+        for i, r in enumerate(requests):
+            time.sleep(self.pace)
+            if first and self.fail_first_call and i == 1:
+                raise RuntimeError("refused by the server")
+            out.append(GenerationResult(f"a review long enough to keep, {r.seed}", 1, 1))
+            with self.lock:
+                self.answered += 1
+            if on_result:
+                on_result(i, out[-1])
+        return out
+
+
+def test_the_first_round_goes_out_before_the_rest_is_built(tmp_path: Path) -> None:
+    """An API generator with 4 requests in flight gets its first 4 requests in a call of their own while the rest
+    of the batch is still being built (the build of the whole plan waits, for at most 10 s, for that call)."""
+    backend = _Blocked(4)
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+    before_first_call: list[bool] = []
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool):
+        if sum(plan.per_label.values()) == 200:  # the whole plan: built only once the first round is out
+            before_first_call.append(not backend.first_call.wait(10))
+        return zero_shot(plan, attempt, chat)
+
+    samples, _ = generate_samples(0, plans=[GenerationPlan("p", {"positive": 100, "negative": 100})],
+                                  generators={"p": CachedGenerator(backend, RequestCache(tmp_path / "c.sqlite"))},
+                                  existing=[], max_attempts=1, make_requests=make)
+    assert before_first_call == [False] and backend.calls == [4, 12, 48, 136] and len(samples) == 200
+
+
+def test_a_block_that_fails_stops_the_other_blocks_and_is_the_error(tmp_path: Path) -> None:
+    backend = _Blocked(4, pace=0.005, fail_first_call=True)
+    with pytest.raises(RuntimeError, match="refused by the server"):
+        generate_samples(0, plans=[GenerationPlan("p", {"positive": 100, "negative": 100})],
+                         generators={"p": CachedGenerator(backend, RequestCache(tmp_path / "c.sqlite"))},
+                         existing=[], max_attempts=1, make_requests=zero_shot_requests(TASK, PromptSettings(), 0, "t"))
+    assert backend.answered < 60  # of 200: the other blocks stopped at their next answer

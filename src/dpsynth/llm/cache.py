@@ -341,15 +341,25 @@ class CachedGenerator:
         return self.inner.chat
 
     @property
+    def concurrency(self) -> int | None:
+        """Requests the backend has in flight at most, if it says (API generators): a run sends that many first
+        and builds the rest meanwhile (methods/generation.py)."""
+        value = getattr(self.inner, "max_concurrency", None)
+        return value if isinstance(value, int) and value > 0 else None
+
+    @property
     def remote(self) -> bool:
         """The backend computes elsewhere (an API server), so it can run beside other generators; local models
         share this machine's cores and run one at a time."""
         return bool(getattr(self.inner, "runs_remotely", False))
 
     def generate(
-        self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None
+        self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None,
+        on_sending: Callable[[], None] | None = None,
     ) -> list[GenerationResult]:
-        """Hits from the cache; misses claimed and sent; misses another process is sending, waited for."""
+        """Hits from the cache; misses claimed and sent; misses another process is sending, waited for.
+        `on_sending()` is called when the claimed misses are handed to the backend (a run then builds its next
+        block of requests: methods/generation.py)."""
         keys = [r.cache_key(self.model_id) for r in requests]
         results: list[GenerationResult | None] = [None] * len(requests)
 
@@ -373,7 +383,7 @@ class CachedGenerator:
             mine, theirs = self.cache.claim([keys[i] for i in pending])
             ours = [i for i in pending if keys[i] in mine]
             if ours:
-                self._pay(ours, keys, requests, deliver)
+                self._pay(ours, keys, requests, deliver, on_sending)
                 unanswered = [i for i in ours if results[i] is None]
                 if unanswered:
                     raise DpsynthError(f"{self.name}: the backend returned no result for {len(unanswered)} request(s)")
@@ -388,7 +398,7 @@ class CachedGenerator:
         return [r for r in results if r is not None]
 
     def _pay(self, indices: list[int], keys: list[str], requests: Sequence[GenerationRequest],
-             deliver: ResultCallback) -> None:
+             deliver: ResultCallback, on_sending: Callable[[], None] | None = None) -> None:
         """Send the claimed requests, storing each result as it arrives (`_CacheWriter`); claims renewed meanwhile."""
         stop = threading.Event()
 
@@ -414,6 +424,8 @@ class CachedGenerator:
         try:
             if self.guard is not None:
                 allowed = self.guard.admit([requests[i] for i in indices])
+            if on_sending is not None:
+                on_sending()
             self.inner.generate([requests[i] for i in indices[:allowed]], on_result=store)
         except BaseException as err:
             failed = err

@@ -190,6 +190,11 @@ class OpenAICompatGenerator:
         return self._retries + (self._fleet.retries if self._fleet is not None else 0)
 
     @property
+    def max_concurrency(self) -> int:
+        """Requests in flight at most, over every call and process."""
+        return self._max_concurrency
+
+    @property
     def model_id(self) -> str:
         return f"openai:{self._base_url}:{self._model}"
 

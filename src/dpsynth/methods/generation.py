@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ class GenerationPlan:
 
 
 RequestMaker = Callable[[GenerationPlan, int, bool], list[tuple[str, GenerationRequest]]]
+BLOCK_GROWTH = 4  # an API generator's requests go out in blocks, each this many times the requests before it
 
 
 def split_count(total: int, shares: Sequence[float]) -> list[int]:
@@ -126,17 +128,19 @@ def generate_samples(
     early = (_Replacements(plans, generators, existing, make_requests, max_attempts, progress, clean)
              if _Replacements.apply(plans, generators, max_attempts) else None)
     for attempt in range(max_attempts):
-        asking = [p.plm for p in plans if sum(wanted[p.plm].values()) > 0]
+        asking = {p.plm: GenerationPlan(p.plm, dict(wanted[p.plm])) for p in plans if sum(wanted[p.plm].values()) > 0}
         if not asking:
             break
-        batches = {plm: make_requests(GenerationPlan(plm, dict(wanted[plm])), attempt, generators[plm].chat)
-                   for plm in asking}
+
+        def make(plan: GenerationPlan, attempt: int = attempt) -> list[tuple[str, GenerationRequest]]:
+            return make_requests(plan, attempt, generators[plan.plm].chat)
+
         if early is not None and attempt == 0:
-            answers = early.ask_first(batches)
+            answers = early.ask_first(asking, make)
         else:
-            answers = _ask_all(batches, generators, progress, known=early.known if early is not None else None)
+            answers = _ask_all(asking, make, generators, progress, known=early.known if early is not None else None)
         for plm in asking:
-            for (label, _), result in zip(batches[plm], answers[plm]):
+            for label, result in answers[plm]:
                 text, reason = clean(result.text)
                 if text is not None and (label, text.lower()) in seen:
                     text, reason = None, "duplicate"
@@ -170,31 +174,105 @@ class _Progress:
                 self.report(plm, self.done[plm], self.target[plm])
 
 
-def _ask_all(batches: dict[str, list[tuple[str, GenerationRequest]]], generators: dict[str, CachedGenerator],
-             progress: _Progress, *, known: Callable[[str], dict[GenerationRequest, GenerationResult]] | None,
-             listen: Callable[[str, int, GenerationResult], None] | None = None) -> dict[str, list]:
-    """Every PLM's batch: side by side when all of them are API generators, else one after another. Requests
-    in `known(plm)` (replacements answered early) are not asked again; `listen(plm, i, result)` hears each answer
-    to the i-th request of a PLM's batch as it arrives."""
+class _Stopped(Exception):
+    """Raised in a block's answer callback once another block of the same PLM has failed: stops its sending."""
 
-    def ask(plm: str) -> list:
-        requests = [r for _, r in batches[plm]]
+
+def _blocks(plan: GenerationPlan, make: Callable[[GenerationPlan], list[tuple[str, GenerationRequest]]],
+            first: int | None) -> Iterator[list[tuple[str, int, GenerationRequest]]]:
+    """`plan`'s requests as (label, j: the index among its label's, request), in blocks: about `first` of them in
+    all (each label in proportion), then `BLOCK_GROWTH` times as many in all each time; `first=None`: one block.
+    Each block is made from a plan of a prefix of every label's requests (a request depends on its index, not on
+    how many are asked), so the first round goes out before the rest is built: building and looking up a request
+    costs 50-80 us of this process's CPU, which at the WASP paper's scale (7,680 requests an iteration) kept every
+    generator waiting half a second an iteration."""
+    total = sum(plan.per_label.values())
+    done = dict.fromkeys(plan.per_label, 0)
+    upto = total if first is None else first
+    while True:
+        share = min(1.0, upto / total) if total else 1.0
+        prefix = {label: min(count, math.ceil(count * share)) for label, count in plan.per_label.items()}
+        index = dict.fromkeys(plan.per_label, 0)
+        block = []
+        for label, request in make(GenerationPlan(plan.plm, prefix)):
+            j = index[label]
+            index[label] = j + 1
+            if j >= done[label]:
+                block.append((label, j, request))
+        done = prefix
+        yield block
+        if share >= 1.0:
+            return
+        upto *= BLOCK_GROWTH
+
+
+def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], list[tuple[str, GenerationRequest]]],
+             generators: dict[str, CachedGenerator], progress: _Progress, *,
+             known: Callable[[str], dict[GenerationRequest, GenerationResult]] | None,
+             listen: Callable[[str, str, int, GenerationResult], None] | None = None
+             ) -> dict[str, list[tuple[str, GenerationResult]]]:
+    """Every PLM's plan asked, its (label, answer) pairs in plan order: side by side when all of them are API
+    generators, else one after another. An API generator that says how many requests it has in flight (and has no
+    spend cap, which is checked per batch) gets its requests in growing blocks (`_blocks`), each block a call of
+    its own as soon as it is built; the first block that fails stops the others at their next answer and is the
+    error. Requests in `known(plm)` (replacements answered early) are not asked again; `listen(plm, label, j,
+    result)` hears each answer to the j-th request of a label as it arrives."""
+    side_by_side = len(plans) > 1 and all(generators[plm].remote for plm in plans)
+
+    def ask(plm: str) -> list[tuple[str, GenerationResult]]:
+        generator, plan = generators[plm], plans[plm]
         answered = known(plm) if known is not None else {}
-        missing = [i for i, r in enumerate(requests) if r not in answered]
+        stop = threading.Event()
+        results: dict[tuple[str, int], GenerationResult] = {}
 
-        def heard(j: int, result: GenerationResult) -> None:
-            progress.answered(plm)
-            if listen:
-                listen(plm, missing[j], result)
+        def ask_block(block: list[tuple[str, int, GenerationRequest]], sending: threading.Event) -> None:
+            missing = [(label, j, r) for label, j, r in block if r not in answered]
 
-        asked = iter(generators[plm].generate([requests[i] for i in missing], on_result=heard) if missing else [])
-        return [answered[r] if r in answered else next(asked) for r in requests]
+            def heard(k: int, result: GenerationResult) -> None:
+                if stop.is_set():
+                    raise _Stopped
+                progress.answered(plm)
+                if listen:
+                    listen(plm, missing[k][0], missing[k][1], result)
 
-    if len(batches) > 1 and all(generators[plm].remote for plm in batches):
-        with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="dpsynth-plm") as pool:
-            futures = {plm: pool.submit(ask, plm) for plm in batches}
+            try:
+                asked = iter(generator.generate([r for *_, r in missing], on_result=heard, on_sending=sending.set)
+                             if missing else [])
+            finally:
+                sending.set()  # all of them cached or answered, or failed
+            for label, j, r in block:
+                results[(label, j)] = answered[r] if r in answered else next(asked)
+
+        def stop_on_error(future: Future) -> None:
+            if not future.cancelled() and not isinstance(future.exception(), (type(None), _Stopped)):
+                stop.set()
+
+        first = generator.concurrency if generator.remote and generator.guard is None else None
+        if first is None:
+            ask_block(next(_blocks(plan, make, None)), threading.Event())
+        else:
+            with ThreadPoolExecutor(thread_name_prefix="dpsynth-block") as pool:
+                futures: list[Future] = []
+                for block in _blocks(plan, make, first):
+                    if stop.is_set():
+                        break
+                    sending = threading.Event()
+                    futures.append(pool.submit(ask_block, block, sending))
+                    futures[-1].add_done_callback(stop_on_error)
+                    # the next block is built once this one is on its way: its look-ups and claims would
+                    # otherwise wait for the interpreter lock behind the building
+                    sending.wait()
+            errors = [f.exception() for f in futures if f.exception() is not None]
+            error = next((e for e in errors if not isinstance(e, _Stopped)), errors[0] if errors else None)
+            if error is not None:
+                raise error
+        return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
+
+    if side_by_side:
+        with ThreadPoolExecutor(max_workers=len(plans), thread_name_prefix="dpsynth-plm") as pool:
+            futures = {plm: pool.submit(ask, plm) for plm in plans}
             return {plm: f.result() for plm, f in futures.items()}
-    return {plm: ask(plm) for plm in batches}
+    return {plm: ask(plm) for plm in plans}
 
 
 class _Replacements:
@@ -241,15 +319,15 @@ class _Replacements:
         """The answers to `plm`'s replacements, by request."""
         return {request: result for (owner, request), result in self.answers.items() if owner == plm}
 
-    def ask_first(self, batches: dict[str, list[tuple[str, GenerationRequest]]]) -> dict[str, list]:
+    def ask_first(self, plans: dict[str, GenerationPlan],
+                  make: Callable[[GenerationPlan], list[tuple[str, GenerationRequest]]]) -> dict[str, list]:
         """The first attempt's answers; the replacements it needs (and theirs) asked and answered meanwhile."""
-        index = {plm: _label_indices(batch) for plm, batch in batches.items()}
 
-        def listen(plm: str, i: int, result: GenerationResult) -> None:
-            self.heard(plm, batches[plm][i][0], 0, index[plm][i], result)
+        def listen(plm: str, label: str, j: int, result: GenerationResult) -> None:
+            self.heard(plm, label, 0, j, result)
 
         try:
-            answers = _ask_all(batches, self.generators, self.progress, known=None, listen=listen)
+            answers = _ask_all(plans, make, self.generators, self.progress, known=None, listen=listen)
             self.wait()
         finally:
             with self.lock:  # after an error nothing more is sent; what is in flight finishes (and is cached)
@@ -320,13 +398,3 @@ class _Replacements:
             if not pending:
                 return
             futures_wait(pending, return_when=FIRST_EXCEPTION)
-
-
-def _label_indices(batch: list[tuple[str, GenerationRequest]]) -> list[int]:
-    """Each request's index among its label's in a batch (its j in make_requests)."""
-    counts: dict[str, int] = {}
-    out = []
-    for label, _ in batch:
-        out.append(counts.get(label, 0))
-        counts[label] = out[-1] + 1
-    return out
