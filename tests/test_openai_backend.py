@@ -554,21 +554,29 @@ def test_calls_from_several_threads_share_the_concurrency_limit_and_get_their_ow
         assert _Echo.most_in_flight <= 4
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 @pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
-def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped() -> None:
-    """With `processes: 2`, a replacement refused by the server stops the batch in flight beside it: both calls
-    report the refusal, not "cancelled"."""
+def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped(processes: int) -> None:
+    """A request refused by the server stops the batch that went out beside it while it was in flight (with one
+    request process or a fleet): both calls report the refusal, not "cancelled", and the batch sends few of its 60
+    requests."""
     from dpsynth.errors import DpsynthError
 
+    def batch_later() -> list:
+        time.sleep(0.01)
+        return gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(60)])
+
     with _echo_server(delay=0.05) as url:
-        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
+        gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4)
 
         with ThreadPoolExecutor(max_workers=2) as pool:
-            calls = [pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(60)]),
-                     pool.submit(_one_later, gen, "refused", 0.1)]
+            calls = [pool.submit(batch_later), pool.submit(_one_later, gen, "refused", 0.0)]
             for call in calls:
                 with pytest.raises(DpsynthError, match="HTTP 400 \\(content filter says no\\)"):
                     call.result()
+        assert len(_Echo.arrived) < 30
+        # the next call is not stopped by that failure
+        assert [r.text for r in gen.generate([GenerationRequest(messages=(("user", "again"),))])] == ["again"]
 
 
 @pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
@@ -596,22 +604,54 @@ def test_a_call_that_stops_early_frees_its_slots() -> None:
 @pytest.mark.timeout(120)
 def test_a_failing_on_result_stops_the_sending(processes: int) -> None:
     """When the answers can no longer be kept (on_result raises: the request cache's disk is full), no more
-    requests are paid for: the error is raised once those in flight are back. With `processes: 1` the thread
-    pool used to send all 200 requests after the error."""
+    requests are paid for; the answers already in flight still go to on_result (whose later errors are not
+    raised), and its first error is raised. With `processes: 1` the thread pool used to send all 200 requests."""
     with _echo_server(delay=0.01) as url:
         gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4)
         heard = []
 
         def full_disk(i: int, result: object) -> None:
             heard.append(i)
-            if len(heard) == 3:
-                raise OSError("disk full while caching")
+            if len(heard) >= 3:
+                raise OSError(f"disk full while caching answer {len(heard)}")
 
-        with pytest.raises(OSError, match="disk full"):
+        with pytest.raises(OSError, match="disk full while caching answer 3$"):
             gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(200)], on_result=full_disk)
         time.sleep(0.2)  # anything still being sent would reach the server meanwhile
         assert len(_Echo.arrived) <= 3 + 4 + 4  # the answers heard, those in flight, and a slot's worth of slack
-        assert len(heard) == 3  # nothing is handed to a callback that failed
+        assert len(heard) == len(_Echo.arrived)  # every answer that came back was handed on
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.timeout(120)
+def test_a_run_s_blocks_stop_together_when_a_request_gives_up_and_every_answer_is_cached(tmp_path: Path,
+                                                                                       processes: int) -> None:
+    """A run sends an API generator's batch in blocks, calls side by side (methods/generation.py). When a request
+    of the first block is refused, the blocks in flight stop with it (few of the 200 requests reach the server),
+    the refusal is the error, and every answer that did come back is in the request cache."""
+    import sqlite3
+
+    from dpsynth.errors import DpsynthError
+    from dpsynth.llm.cache import CachedGenerator, RequestCache
+    from dpsynth.methods.generation import GenerationPlan, generate_samples
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool) -> list:
+        return [(label, GenerationRequest(messages=(("user", "refused" if (label, j) == ("positive", 1)
+                                                     else f"{label} review number {j} of attempt {attempt}"),)))
+                for label, count in plan.per_label.items() for j in range(count)]
+
+    with _echo_server(delay=0.02) as url:
+        gen = CachedGenerator(OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4),
+                              RequestCache(tmp_path / "requests.sqlite"))
+        with pytest.raises(DpsynthError, match="HTTP 400 \\(content filter says no\\)"):
+            generate_samples(0, plans=[GenerationPlan("m", {"positive": 100, "negative": 100})],
+                             generators={"m": gen}, existing=[], max_attempts=1, make_requests=make)
+        time.sleep(0.2)  # anything still being sent would reach the server meanwhile
+        arrived = len(_Echo.arrived)
+    db = sqlite3.connect(str(tmp_path / "requests.sqlite"))
+    cached = db.execute("SELECT COUNT(*) FROM generations").fetchone()[0]
+    db.close()
+    assert 4 <= arrived <= 16 and cached == arrived - 1  # all but the refused one
 
 
 class _Unsendable(str):

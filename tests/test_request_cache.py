@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -390,3 +391,21 @@ def test_a_request_key_covers_every_field_and_keeps_the_keys_of_earlier_caches()
     assert chat.cache_key("openai:x:m") == "35c15729af52c9c4bdb729422acf6c8a2a70a35980a3d96d86d23ef04d983099"
     assert GenerationRequest(prompt="A review:", seed=3).cache_key("llama:y") == (
         "a1824d64c864efcae0f8eaab5957b9c2c65c7705eb5008a588522fccb1b11efc")
+
+
+def test_a_block_whose_requests_another_process_holds_says_so_before_it_waits(tmp_path: Path) -> None:
+    """A run builds its next block of requests once the block before is on its way (methods/generation.py); a
+    block whose every request another process is paying for must not hold that up until those answers come."""
+    cache = RequestCache(tmp_path / "cache.sqlite")
+    gen = CachedGenerator(_Answers(), cache)
+    requests = [GenerationRequest(prompt=f"p{i}", seed=i) for i in range(3)]
+    now = time.time()
+    cache._db.executemany("INSERT INTO claims VALUES (?, ?, ?, ?, ?)",
+                          [(r.cache_key(gen.model_id), "another run", HOST, os.getpid(), now) for r in requests])
+    sending = threading.Event()
+    call = threading.Thread(target=gen.generate, args=(requests,), kwargs={"on_sending": sending.set})
+    call.start()
+    assert sending.wait(5) and call.is_alive()  # said at once, while it still waits for the other process
+    cache._db.execute("DELETE FROM claims")  # the other run gave up: this one pays for them
+    call.join(30)
+    assert not call.is_alive() and _stored(tmp_path / "cache.sqlite") == {f"p{i}": f"answer to p{i}" for i in range(3)}

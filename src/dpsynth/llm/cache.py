@@ -358,8 +358,8 @@ class CachedGenerator:
         on_sending: Callable[[], None] | None = None,
     ) -> list[GenerationResult]:
         """Hits from the cache; misses claimed and sent; misses another process is sending, waited for.
-        `on_sending()` is called when the claimed misses are handed to the backend (a run then builds its next
-        block of requests: methods/generation.py)."""
+        `on_sending()` is called (perhaps more than once) when the claimed misses are handed to the backend, or
+        when another process holds them all: a run then builds its next block of requests (methods/generation.py)."""
         keys = [r.cache_key(self.model_id) for r in requests]
         results: list[GenerationResult | None] = [None] * len(requests)
 
@@ -388,6 +388,8 @@ class CachedGenerator:
                 if unanswered:
                     raise DpsynthError(f"{self.name}: the backend returned no result for {len(unanswered)} request(s)")
             elif theirs:
+                if on_sending is not None:
+                    on_sending()  # nothing of ours to send here: the caller need not wait for the other process
                 pids = set(theirs.values())
                 if not waiting_for >= pids:
                     log.info("%s: waiting for %d generation(s) that process(es) %s are paying for", self.name,

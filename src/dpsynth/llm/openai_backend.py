@@ -45,6 +45,22 @@ class MalformedAnswer(Exception):
     """The endpoint answered with success but not with a usable completion."""
 
 
+class _Cancelled(Exception):
+    """A request not sent: its call had already stopped, or a request of a call beside it gave up."""
+
+
+class _CallStop:
+    """Whether a call's requests should no longer be sent or retried: the call itself stopped (a request gave up,
+    or its callback failed), or a request of any call in flight beside it gave up (as a `processes:` fleet stops
+    every call it serves)."""
+
+    def __init__(self, shared: threading.Event) -> None:
+        self.own, self.shared = threading.Event(), shared
+
+    def is_set(self) -> bool:
+        return self.own.is_set() or self.shared.is_set()
+
+
 def _one_line(text: object, limit: int = 200) -> str:
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -178,6 +194,11 @@ class OpenAICompatGenerator:
         # max_concurrency holds across calls: a run may ask this generator for replacements of dropped answers
         # while its main batch is still in flight (methods/generation.py)
         self._slots = threading.BoundedSemaphore(max_concurrency)
+        # a request that gives up stops every call in flight with it (a run asks in several calls at once: blocks,
+        # replacements), not the calls after: cleared when a call starts while none is in flight
+        self._gave_up = threading.Event()
+        self._first_give_up: BaseException | None = None
+        self._calls_in_flight = 0
         if processes > 1 and pacer is not None:
             raise DpsynthError(f"generator {self.name}: client-side rate limits pace one process; set processes: 1")
         settings = dict(model=model, base_url=base_url, api_key_env=api_key_env, name=self.name, chat=chat,
@@ -207,35 +228,63 @@ class OpenAICompatGenerator:
     ) -> list[GenerationResult]:
         if self._fleet is not None:
             return self._fleet.generate(requests, on_result)
-        results: list[GenerationResult | None] = [None] * len(requests)
-        error: BaseException | None = None
-        failed = threading.Event()  # once a request has given up, the others stop retrying
-        heard_failed = False  # on_result raised: nothing more is sent or handed to it
+        with self._count_lock:
+            if not self._calls_in_flight:
+                self._gave_up.clear()
+                self._first_give_up = None
+            self._calls_in_flight += 1
         cpu, wall = time.process_time(), time.perf_counter()
-        with ThreadPoolExecutor(max_workers=self._max_concurrency) as pool:
-            futures = {pool.submit(self._one_in_slot, r, failed): i for i, r in enumerate(requests)}
-            for future in as_completed(futures):
-                if future.cancelled():
-                    continue
-                problem = future.exception()
-                if problem is None:
-                    i = futures[future]
-                    result = results[i] = future.result()
-                    if on_result and not heard_failed:
-                        try:
-                            on_result(i, result)
-                        except BaseException as err:  # noqa: BLE001 - e.g. the cache cannot keep answers: stop paying
-                            problem, heard_failed = err, True
-                if problem is not None:
-                    # Stop sending new requests, but keep (and cache) those already in flight.
-                    error = error or problem
-                    failed.set()
-                    for other in futures:
-                        other.cancel()
+        try:
+            results, error = self._send_all(requests, on_result, _CallStop(self._gave_up))
+        finally:
+            with self._count_lock:
+                self._calls_in_flight -= 1
         self._hint_if_client_bound(len(requests), time.process_time() - cpu, time.perf_counter() - wall)
+        if isinstance(error, _Cancelled):  # stopped by a request of another call: that request's error
+            error = self._first_give_up or error
         if error is not None:
             raise self._explain(error) from error
         return [r for r in results if r is not None]
+
+    def _send_all(self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None,
+                  stop: _CallStop) -> tuple[list[GenerationResult | None], BaseException | None]:
+        """Every request from a pool of threads, each in a slot of the generator's concurrency: the results and
+        the first error. The first request that gives up (which stops the calls beside it too) or the first error
+        of `on_result` ends the sending; the answers already in flight still come back and go to `on_result`, so
+        that the request cache keeps what was paid for (its later errors are not raised)."""
+        results: list[GenerationResult | None] = [None] * len(requests)
+        error: BaseException | None = None
+        heard_failed = False
+        with ThreadPoolExecutor(max_workers=min(self._max_concurrency, len(requests) or 1)) as pool:
+            futures = {pool.submit(self._one_in_slot, r, stop): i for i, r in enumerate(requests)}
+            try:
+                for future in as_completed(futures):
+                    if future.cancelled():
+                        continue
+                    problem = future.exception()
+                    if problem is None:
+                        i = futures[future]
+                        result = results[i] = future.result()
+                        try:
+                            if on_result:
+                                on_result(i, result)
+                        except BaseException as err:  # noqa: BLE001 - e.g. the cache cannot keep answers
+                            problem, heard_failed = (None if heard_failed else err), True
+                    elif not isinstance(problem, _Cancelled):
+                        with self._count_lock:
+                            self._first_give_up = self._first_give_up or problem
+                        self._gave_up.set()
+                    if problem is not None:
+                        error = error or problem
+                        stop.own.set()
+                        for other in futures:
+                            other.cancel()
+            except BaseException:  # e.g. an interrupt: what still waits for a slot is not sent
+                stop.own.set()
+                for other in futures:
+                    other.cancel()
+                raise
+        return results, error
 
     def _hint_if_client_bound(self, requests: int, cpu_seconds: float, wall_seconds: float) -> None:
         """Say once when this process's CPU, not the server, set the pace of a batch (one process asks at most
@@ -248,11 +297,15 @@ class OpenAICompatGenerator:
                     "config sends them from several processes (docs/scale.md)", self.name,
                     100 * cpu_seconds / wall_seconds, wall_seconds, requests)
 
-    def _one_in_slot(self, request: GenerationRequest, failed: threading.Event) -> GenerationResult:
+    def _one_in_slot(self, request: GenerationRequest, stop: _CallStop) -> GenerationResult:
         with self._slots:
-            return self._one(request, failed)
+            if stop.is_set():  # it waited for its slot while the call stopped: not sent
+                raise _Cancelled
+            return self._one(request, stop)
 
-    def _one(self, request: GenerationRequest, failed: threading.Event | None = None) -> GenerationResult:
+    def _one(self, request: GenerationRequest, failed: Any = None) -> GenerationResult:
+        """One request, retried; `failed.is_set()` (an event, here or shared with other processes) stops the
+        retries."""
         attempt = 0
         while True:
             try:

@@ -348,11 +348,14 @@ class RequestFleet:
                  on_result: ResultCallback | None) -> list[GenerationResult]:
         """Send and collect one call's requests. Each answer comes with its slot: while this is the only call it
         sends its next request on it at once (no lock, about a tenth of the fleet's CPU an answer); beside other
-        calls every slot it holds goes through `hand_out`, to whichever call wants one and holds fewest."""
+        calls every slot it holds goes through `hand_out`, to whichever call wants one and holds fewest. After a
+        request gives up or `on_result` fails nothing more is sent, and the answers in flight still go to
+        `on_result` (the request cache keeps what was paid for; its later errors are not raised)."""
         router = self._router
         results: list[GenerationResult | None] = [None] * len(requests)
         todo = list(enumerate(requests))[::-1]
-        error = None
+        error: Any = None  # the first: a request's (as the worker reported it) or on_result's
+        heard_error: BaseException | None = None
         self._send_claimed(me, slots, call, todo)
         while me.in_flight or me.unsent:
             try:
@@ -378,16 +381,18 @@ class RequestFleet:
                     if on_result:
                         try:
                             on_result(answer.index, answer.result)
-                        except BaseException:
-                            me.unsent = 0
-                            router.hand_out(answer.worker)  # the call ends here: its answer's slot is free
-                            raise
+                        except BaseException as err:  # noqa: BLE001 - raised once the answers in flight are in
+                            if heard_error is None:
+                                heard_error, me.unsent = err, 0  # nothing more is sent
+                                error = error or err
             if me.unsent and not received and len(router.calls) == 1:  # the only call: its slot, at once
                 me.unsent -= 1
                 me.in_flight += 1
             elif not router.hand_out(message.worker, me, received):
                 continue
             self._send(me, message.worker, (call, *todo.pop()))
+        if heard_error is not None and error is heard_error:
+            raise heard_error
         if error is not None:
             self._check_router()  # a worker that died is the reason, not the cancellations it caused
             raise DpsynthError((router.first_error or error) if error == CANCELLED else error)

@@ -125,7 +125,7 @@ def generate_samples(
     progress = _Progress(target, on_progress)
     # each answer is cleaned once: as it arrives (to find drops early) and in the plan-order pass below
     clean = functools.cache(clean_generation)
-    early = (_Replacements(plans, generators, existing, make_requests, max_attempts, progress, clean)
+    early = (_Replacements(plans, generators, seen, make_requests, max_attempts, progress, clean)
              if _Replacements.apply(plans, generators, max_attempts) else None)
     for attempt in range(max_attempts):
         asking = {p.plm: GenerationPlan(p.plm, dict(wanted[p.plm])) for p in plans if sum(wanted[p.plm].values()) > 0}
@@ -174,10 +174,6 @@ class _Progress:
                 self.report(plm, self.done[plm], self.target[plm])
 
 
-class _Stopped(Exception):
-    """Raised in a block's answer callback once another block of the same PLM has failed: stops its sending."""
-
-
 def _blocks(plan: GenerationPlan, make: Callable[[GenerationPlan], list[tuple[str, GenerationRequest]]],
             first: int | None) -> Iterator[list[tuple[str, int, GenerationRequest]]]:
     """`plan`'s requests as (label, j: the index among its label's, request), in blocks: about `first` of them in
@@ -214,58 +210,60 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
     """Every PLM's plan asked, its (label, answer) pairs in plan order: side by side when all of them are API
     generators, else one after another. An API generator that says how many requests it has in flight (and has no
     spend cap, which is checked per batch) gets its requests in growing blocks (`_blocks`), each block a call of
-    its own as soon as it is built; the first block that fails stops the others at their next answer and is the
-    error. Requests in `known(plm)` (replacements answered early) are not asked again; `listen(plm, label, j,
-    result)` hears each answer to the j-th request of a label as it arrives."""
+    its own, built once the block before it is being sent; after a failure no more blocks are sent (the blocks in
+    flight are calls of one generator, which a request that gives up stops together), and the first block's
+    error in plan order is raised. Requests in `known(plm)` (replacements answered early) are not asked again;
+    `listen(plm, label, j, result)` hears each answer to the j-th request of a label as it arrives."""
     side_by_side = len(plans) > 1 and all(generators[plm].remote for plm in plans)
 
     def ask(plm: str) -> list[tuple[str, GenerationResult]]:
         generator, plan = generators[plm], plans[plm]
         answered = known(plm) if known is not None else {}
-        stop = threading.Event()
+        stop = threading.Event()  # a block failed: no more are sent
         results: dict[tuple[str, int], GenerationResult] = {}
 
         def ask_block(block: list[tuple[str, int, GenerationRequest]], sending: threading.Event) -> None:
             missing = [(label, j, r) for label, j, r in block if r not in answered]
 
             def heard(k: int, result: GenerationResult) -> None:
-                if stop.is_set():
-                    raise _Stopped
                 progress.answered(plm)
                 if listen:
                     listen(plm, missing[k][0], missing[k][1], result)
 
             try:
+                if stop.is_set():
+                    return
                 asked = iter(generator.generate([r for *_, r in missing], on_result=heard, on_sending=sending.set)
                              if missing else [])
+            except BaseException:
+                stop.set()
+                raise
             finally:
                 sending.set()  # all of them cached or answered, or failed
             for label, j, r in block:
                 results[(label, j)] = answered[r] if r in answered else next(asked)
 
-        def stop_on_error(future: Future) -> None:
-            if not future.cancelled() and not isinstance(future.exception(), (type(None), _Stopped)):
-                stop.set()
-
         first = generator.concurrency if generator.remote and generator.guard is None else None
         if first is None:
             ask_block(next(_blocks(plan, make, None)), threading.Event())
-        else:
-            with ThreadPoolExecutor(thread_name_prefix="dpsynth-block") as pool:
-                futures: list[Future] = []
+            return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
+        futures: list[Future] = []
+        with ThreadPoolExecutor(max_workers=64, thread_name_prefix="dpsynth-block") as pool:
+            try:
                 for block in _blocks(plan, make, first):
                     if stop.is_set():
                         break
                     sending = threading.Event()
                     futures.append(pool.submit(ask_block, block, sending))
-                    futures[-1].add_done_callback(stop_on_error)
                     # the next block is built once this one is on its way: its look-ups and claims would
                     # otherwise wait for the interpreter lock behind the building
                     sending.wait()
-            errors = [f.exception() for f in futures if f.exception() is not None]
-            error = next((e for e in errors if not isinstance(e, _Stopped)), errors[0] if errors else None)
-            if error is not None:
-                raise error
+            except BaseException:  # building failed, or an interrupt: no more blocks are sent
+                stop.set()
+                raise
+        error = next((f.exception() for f in futures if f.exception() is not None), None)
+        if error is not None:
+            raise error
         return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
 
     if side_by_side:
@@ -297,14 +295,14 @@ class _Replacements:
         return max_attempts > 1 and all(generators[p.plm].remote and generators[p.plm].guard is None for p in plans)
 
     def __init__(self, plans: Sequence[GenerationPlan], generators: dict[str, CachedGenerator],
-                 existing: Sequence[SyntheticSample], make_requests: RequestMaker, max_attempts: int,
+                 earlier: set[tuple[str, str]], make_requests: RequestMaker, max_attempts: int,
                  progress: _Progress, clean: Callable[[str], tuple[str | None, str]]) -> None:
         self.plms = [p.plm for p in plans]
         self.labels = {p.plm: list(p.per_label) for p in plans}
         self.generators, self.make_requests, self.max_attempts = generators, make_requests, max_attempts
         self.progress, self.clean = progress, clean
         # (label, text) -> the position of the answer that keeps it: (attempt, PLM, label, index); (-1,): earlier
-        self.holder: dict[tuple[str, str], tuple[int, ...]] = {(x.label, x.text.lower()): (-1,) for x in existing}
+        self.holder: dict[tuple[str, str], tuple[int, ...]] = dict.fromkeys(earlier, (-1,))
         self.drops: dict[tuple[str, str, int], int] = {}
         self.built: dict[tuple[str, str, int], list[GenerationRequest]] = {}  # requests made so far, by index
         self.answers: dict[tuple[str, GenerationRequest], GenerationResult] = {}  # (PLM, request) -> answer

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from pydantic import Field, PositiveInt
@@ -113,6 +113,13 @@ def plm_weights(
     return {k: v / z for k, v in floored.items()}
 
 
+def selected_texts(state: WaspState) -> dict[int, str]:
+    """The texts of the samples selected as good or bad examples, by id (a few per label, from a pool that
+    grows to N: looked up once, not per batch)."""
+    wanted = {i for ids in (*state.good.values(), *state.bad.values()) for i in ids}
+    return {x.id: x.text for x in state.samples if x.id in wanted}
+
+
 def build_requests(
     plan: GenerationPlan,
     *,
@@ -126,9 +133,12 @@ def build_requests(
     contrastive: bool,
     samples_per_prompt: int,
     settings: PromptSettings,
+    texts: Mapping[int, str] | None = None,
 ) -> list[tuple[str, GenerationRequest]]:
-    """(label, request) pairs; examples are drawn at random per prompt from the selected sets."""
-    by_id = {x.id: x.text for x in state.samples}
+    """(label, request) pairs; examples are drawn at random per prompt from the selected sets. `texts`: the
+    selected samples' texts by id (`selected_texts`), when the caller builds many batches from one state."""
+    if texts is None:
+        texts = selected_texts(state) if t > 0 else {}
     out: list[tuple[str, GenerationRequest]] = []
     for label, count in plan.per_label.items():
         for j in range(count):
@@ -138,8 +148,8 @@ def build_requests(
             bad: list[str] = []
             if t > 0:
                 n_bad = s // 2 if contrastive else 0
-                good = [by_id[i] for i in rng.permutation(state.good.get(label, []))[: s - n_bad]]
-                bad = [by_id[i] for i in rng.permutation(state.bad.get(label, []))[:n_bad]]
+                good = [texts[i] for i in rng.permutation(state.good.get(label, []))[: s - n_bad]]
+                bad = [texts[i] for i in rng.permutation(state.bad.get(label, []))[:n_bad]]
             request = build_request(
                 task, label, chat=chat, good=good, bad=bad, settings=settings,
                 seed=request_seed(seed, "sample", t, plan.plm, label, attempt, j),
@@ -204,10 +214,12 @@ class Wasp(Method[WaspOptions, WaspState]):
         t0 = time.perf_counter()
         plans = plan_counts(iteration_size(w.n, w.iterations, t), state.weights, ctx.label_shares)
 
+        texts = selected_texts(state) if t > 0 else {}
+
         def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
             return build_requests(plan, t=t, attempt=attempt, seed=cfg.seed, task=ctx.task, chat=chat,
                                   state=state, s=w.s, contrastive=w.contrastive,
-                                  samples_per_prompt=w.samples_per_prompt, settings=settings)
+                                  samples_per_prompt=w.samples_per_prompt, settings=settings, texts=texts)
 
         new, stats = generate_samples(t, plans=plans, generators=ctx.generators, existing=state.samples,
                                       make_requests=make_requests, max_attempts=w.max_attempts,
