@@ -4,12 +4,13 @@
 # Here, once (this machine reaches the package registries; the three folders are ignored through
 # .git/info/exclude, so they travel only when carried):
 #     bash benchmarks/device_scale.sh prepare
-# Then one device call (about 8 minutes: the whole api_scale curve took 398 s on an H200, the rest about 60 s):
+# Then one device call (about 8 minutes: the whole api_scale curve took 398 s on an H200, the rest about 90 s):
 #     run(command="bash benchmarks/device_scale.sh run", timeout_s=590,
 #         carry=[".whl", ".devmodel/minilm", ".devcache/corpora"])
 # The tables come back in $OUT: api_scale.txt (generation against the latency bound and an ideal client's time,
-# per K and N), burst_callbacks.txt (do a round's answer callbacks hold back the next round, at K=6 x 64),
-# early_replacements.txt (replacements beside the batch, 2 request processes per generator), machine.txt.
+# per K and N), generation_overhead.txt (the run's own time against an ideal endpoint on this machine's CPU, requests
+# in blocks against one call a batch), early_replacements.txt (replacements beside the batch, 2 request processes
+# per generator), machine.txt.
 # A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
 #     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 PY=.venv/bin/python bash benchmarks/device_scale.sh run
 set -euo pipefail
@@ -47,8 +48,7 @@ run() {
     timeout 420 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k ${KS:-6 2} --n ${NS:-600 2400 9600 38400} --processes 2 --server-processes 4 2>&1 \
         | grep -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
-    timeout 75 $py benchmarks/burst_callbacks.py --k 6 --concurrency 64 --processes 2 --callback-us 170 2>&1 \
-        | tee "$out/burst_callbacks.txt" || true
+    timeout 75 $py benchmarks/generation_overhead.py --repeats 1 2>&1 | tee "$out/generation_overhead.txt" || true
     timeout 75 $py benchmarks/early_replacements.py --k 6 --processes 2 --iterations 3 2>&1 \
         | tee "$out/early_replacements.txt" || true
 }
