@@ -579,6 +579,27 @@ def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped(processes
         assert [r.text for r in gen.generate([GenerationRequest(messages=(("user", "again"),))])] == ["again"]
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.timeout(120)
+def test_a_call_whose_retries_were_cut_short_reports_the_request_that_gave_up(processes: int) -> None:
+    """A call retrying 503s when a request beside it is refused stops retrying, and reports the refusal, not a
+    503 it was never allowed to retry."""
+    from dpsynth.errors import DpsynthError
+
+    with _echo_server(delay=0.05) as url:
+        _Echo.fail_first = 10_000  # every request but the refused one gets a 503 (retry after 10 ms)
+        try:
+            gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4)
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                busy = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(3)])
+                refused = pool.submit(_one_later, gen, "refused", 0.01)
+                for call in (busy, refused):
+                    with pytest.raises(DpsynthError, match="HTTP 400 \\(content filter says no\\)"):
+                        call.result()
+        finally:
+            _Echo.fail_first = 0
+
+
 @pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
 def test_a_call_that_stops_early_frees_its_slots() -> None:
     """A call whose on_result raises (a full disk while caching) leaves with answers in its queue and requests in

@@ -45,8 +45,9 @@ class MalformedAnswer(Exception):
     """The endpoint answered with success but not with a usable completion."""
 
 
-class _Cancelled(Exception):
-    """A request not sent: its call had already stopped, or a request of a call beside it gave up."""
+class Cancelled(Exception):
+    """A request not sent, or not retried: its call had already stopped, or a request of a call beside it gave
+    up (whose error is the one to report)."""
 
 
 class _CallStop:
@@ -239,9 +240,10 @@ class OpenAICompatGenerator:
         finally:
             with self._count_lock:
                 self._calls_in_flight -= 1
+                first_give_up = self._first_give_up  # before a call starting next clears it
         self._hint_if_client_bound(len(requests), time.process_time() - cpu, time.perf_counter() - wall)
-        if isinstance(error, _Cancelled):  # stopped by a request of another call: that request's error
-            error = self._first_give_up or error
+        if isinstance(error, Cancelled):  # stopped by a request of another call: that request's error
+            error = first_give_up or error
         if error is not None:
             raise self._explain(error) from error
         return [r for r in results if r is not None]
@@ -270,7 +272,7 @@ class OpenAICompatGenerator:
                                 on_result(i, result)
                         except BaseException as err:  # noqa: BLE001 - e.g. the cache cannot keep answers
                             problem, heard_failed = (None if heard_failed else err), True
-                    elif not isinstance(problem, _Cancelled):
+                    elif not isinstance(problem, Cancelled):
                         with self._count_lock:
                             self._first_give_up = self._first_give_up or problem
                         self._gave_up.set()
@@ -300,7 +302,7 @@ class OpenAICompatGenerator:
     def _one_in_slot(self, request: GenerationRequest, stop: _CallStop) -> GenerationResult:
         with self._slots:
             if stop.is_set():  # it waited for its slot while the call stopped: not sent
-                raise _Cancelled
+                raise Cancelled
             return self._one(request, stop)
 
     def _one(self, request: GenerationRequest, failed: Any = None) -> GenerationResult:
@@ -312,8 +314,10 @@ class OpenAICompatGenerator:
                 return self._attempt(request)
             except Exception as err:
                 delay = self._retry_delay(err, attempt)
-                if delay is None or attempt >= self._max_retries or (failed is not None and failed.is_set()):
+                if delay is None or attempt >= self._max_retries:
                     raise
+                if failed is not None and failed.is_set():  # not its own failure: the one that stopped it is
+                    raise Cancelled from err
             attempt += 1
             with self._count_lock:
                 self._retries += 1

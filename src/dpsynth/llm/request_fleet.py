@@ -94,7 +94,7 @@ def _explained(gen: Any, err: BaseException) -> str:
 def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbox: Any, failed: Any) -> None:
     """A worker process: read a request whenever one of its threads is free (the parent sends one only then),
     answer each as it completes."""
-    from dpsynth.llm.openai_backend import OpenAICompatGenerator
+    from dpsynth.llm.openai_backend import Cancelled, OpenAICompatGenerator
 
     gen = OpenAICompatGenerator(**settings, max_concurrency=threads)
     free = threading.Semaphore(threads)
@@ -104,6 +104,8 @@ def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbo
         err = future.exception()
         if err is None:
             outbox.put(_Answer(call, index, worker, gen.retries, future.result(), None))
+        elif isinstance(err, Cancelled):  # a retry cut short because another request gave up
+            outbox.put(_Answer(call, index, worker, gen.retries, None, CANCELLED))
         else:
             outbox.put(_Answer(call, index, worker, gen.retries, None, _explained(gen, err)))
         free.release()
@@ -372,9 +374,9 @@ class RequestFleet:
                 answer: _Answer = message
                 me.in_flight -= 1
                 if answer.error is not None:
+                    self._failed.set()  # the calls beside it stop too, even after this one's callback failed
                     if error is None:
                         error = answer.error
-                        self._failed.set()
                         me.unsent = 0  # nothing more is sent; the slots it holds go to the others
                 elif answer.result is not None:
                     results[answer.index] = answer.result

@@ -174,6 +174,11 @@ class _Progress:
                 self.report(plm, self.done[plm], self.target[plm])
 
 
+class _Stopped(Exception):
+    """Raised by a block's answer callback once another block of its PLM has failed: the backend then sends nothing
+    more for that block, and still hands on (and the cache keeps) the answers in flight."""
+
+
 def _blocks(plan: GenerationPlan, make: Callable[[GenerationPlan], list[tuple[str, GenerationRequest]]],
             first: int | None) -> Iterator[list[tuple[str, int, GenerationRequest]]]:
     """`plan`'s requests as (label, j: the index among its label's, request), in blocks: about `first` of them in
@@ -211,9 +216,10 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
     generators, else one after another. An API generator that says how many requests it has in flight (and has no
     spend cap, which is checked per batch) gets its requests in growing blocks (`_blocks`), each block a call of
     its own, built once the block before it is being sent; after a failure no more blocks are sent (the blocks in
-    flight are calls of one generator, which a request that gives up stops together), and the first block's
-    error in plan order is raised. Requests in `known(plm)` (replacements answered early) are not asked again;
-    `listen(plm, label, j, result)` hears each answer to the j-th request of a label as it arrives."""
+    flight are calls of one generator, which a request that gives up stops together; a block that started as
+    another ended stops at its first answer), and the first block's error in plan order is raised. Requests in
+    `known(plm)` (replacements answered early) are not asked again; `listen(plm, label, j, result)` hears each
+    answer to the j-th request of a label as it arrives."""
     side_by_side = len(plans) > 1 and all(generators[plm].remote for plm in plans)
 
     def ask(plm: str) -> list[tuple[str, GenerationResult]]:
@@ -223,16 +229,19 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
         results: dict[tuple[str, int], GenerationResult] = {}
 
         def ask_block(block: list[tuple[str, int, GenerationRequest]], sending: threading.Event) -> None:
-            missing = [(label, j, r) for label, j, r in block if r not in answered]
+            missing: list[tuple[str, int, GenerationRequest]] = []
 
             def heard(k: int, result: GenerationResult) -> None:
                 progress.answered(plm)
                 if listen:
                     listen(plm, missing[k][0], missing[k][1], result)
+                if stop.is_set():  # a block that started just as another ended failing: the backend's own stop,
+                    raise _Stopped  # which holds for the calls in flight together, did not reach it
 
             try:
                 if stop.is_set():
                     return
+                missing.extend((label, j, r) for label, j, r in block if r not in answered)
                 asked = iter(generator.generate([r for *_, r in missing], on_result=heard, on_sending=sending.set)
                              if missing else [])
             except BaseException:
@@ -261,7 +270,8 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
             except BaseException:  # building failed, or an interrupt: no more blocks are sent
                 stop.set()
                 raise
-        error = next((f.exception() for f in futures if f.exception() is not None), None)
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        error = next((e for e in errors if not isinstance(e, _Stopped)), errors[0] if errors else None)
         if error is not None:
             raise error
         return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
