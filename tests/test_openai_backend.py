@@ -675,6 +675,41 @@ def test_a_run_s_blocks_stop_together_when_a_request_gives_up_and_every_answer_i
     assert 4 <= arrived <= 16 and cached == arrived - 1  # all but the refused one
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.timeout(120)
+def test_an_interrupted_run_stops_sending_and_keeps_what_came_back(tmp_path: Path, processes: int) -> None:
+    """Ctrl-C reaches a run's main thread, not the threads that send its generators' blocks: the generators are
+    told to stop, so few of the 2 x 200 requests reach the server (all of them used to), and every answer that
+    came back is in the request cache."""
+    import signal
+    import sqlite3
+
+    from dpsynth.llm.cache import CachedGenerator, RequestCache
+    from dpsynth.methods.generation import GenerationPlan, generate_samples
+
+    def ctrl_c() -> None:  # as a terminal's Ctrl-C: SIGINT, which the main thread gets
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool) -> list:
+        return [(label, GenerationRequest(messages=(("user", f"{plan.plm} {label} review {j}"),)))
+                for label, count in plan.per_label.items() for j in range(count)]
+
+    cache = RequestCache(tmp_path / "requests.sqlite")
+    with _echo_server(delay=0.05) as url:
+        gens = {plm: CachedGenerator(OpenAICompatGenerator("m", name=plm, base_url=url, processes=processes,
+                                                           max_concurrency=4), cache) for plm in ("a", "b")}
+        plans = [GenerationPlan(plm, {"positive": 100, "negative": 100}) for plm in gens]
+        threading.Timer(0.15, ctrl_c).start()
+        with pytest.raises(KeyboardInterrupt):
+            generate_samples(0, plans=plans, generators=gens, existing=[], max_attempts=1, make_requests=make)
+        time.sleep(0.3)  # anything still being sent would reach the server meanwhile
+        arrived = len(_Echo.arrived)
+    db = sqlite3.connect(str(tmp_path / "requests.sqlite"))
+    cached = db.execute("SELECT COUNT(*) FROM generations").fetchone()[0]
+    db.close()
+    assert 8 <= arrived <= 64 and cached == arrived
+
+
 class _Unsendable(str):
     def __reduce__(self) -> tuple:
         raise TypeError("this text cannot be sent to a request process")

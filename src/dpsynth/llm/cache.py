@@ -340,6 +340,13 @@ class CachedGenerator:
     def chat(self) -> bool:
         return self.inner.chat
 
+    def cancel(self) -> None:
+        """Stop the backend's sending if it can (API generators; an interrupted run): its calls in flight send
+        nothing more, and the answers already in flight still come back and are cached."""
+        cancel = getattr(self.inner, "cancel", None)
+        if callable(cancel):
+            cancel()
+
     @property
     def concurrency(self) -> int | None:
         """Requests the backend has in flight at most, if it says (API generators): a run sends that many first

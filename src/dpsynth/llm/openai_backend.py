@@ -248,6 +248,17 @@ class OpenAICompatGenerator:
             raise self._explain(error) from error
         return [r for r in results if r is not None]
 
+    def cancel(self) -> None:
+        """Stop every call in flight (an interrupted run): requests waiting for a slot are not sent and retries
+        stop; the answers in flight still come back to their calls, which then fail with "interrupted"."""
+        if self._fleet is not None:
+            self._fleet.cancel()
+            return
+        with self._count_lock:
+            if self._calls_in_flight:
+                self._first_give_up = self._first_give_up or DpsynthError(f"{self.name}: the run was interrupted")
+                self._gave_up.set()
+
     def _send_all(self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None,
                   stop: _CallStop) -> tuple[list[GenerationResult | None], BaseException | None]:
         """Every request from a pool of threads, each in a slot of the generator's concurrency: the results and

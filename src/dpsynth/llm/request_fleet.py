@@ -334,6 +334,14 @@ class RequestFleet:
                 while not me.inbox.empty():  # answers and slots that came after the call stopped reading
                     router.place(me.inbox.get().worker, router.neediest())
 
+    def cancel(self) -> None:
+        """Stop every call in flight (an interrupted run): the workers answer what is queued without sending it
+        and stop retrying; the answers in flight still come back to their calls, which then fail."""
+        with self._router.lock:
+            if self._router.calls:
+                self._router.first_error = self._router.first_error or "the run was interrupted"
+                self._failed.set()
+
     def _claim_free(self, me: _Call) -> list[int]:
         """(Under the router's lock.) As many free slots as `me` has requests to send, counted as sent."""
         slots: list[int] = []

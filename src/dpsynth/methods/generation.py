@@ -257,30 +257,49 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
             ask_block(next(_blocks(plan, make, None)), threading.Event())
             return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
         futures: list[Future] = []
-        with ThreadPoolExecutor(max_workers=64, thread_name_prefix="dpsynth-block") as pool:
-            try:
-                for block in _blocks(plan, make, first):
-                    if stop.is_set():
-                        break
-                    sending = threading.Event()
-                    futures.append(pool.submit(ask_block, block, sending))
-                    # the next block is built once this one is on its way: its look-ups and claims would
-                    # otherwise wait for the interpreter lock behind the building
-                    sending.wait()
-            except BaseException:  # building failed, or an interrupt: no more blocks are sent
-                stop.set()
-                raise
+        pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="dpsynth-block")
+        try:
+            for block in _blocks(plan, make, first):
+                if stop.is_set():
+                    break
+                sending = threading.Event()
+                futures.append(pool.submit(ask_block, block, sending))
+                # the next block is built once this one is on its way: its look-ups and claims would
+                # otherwise wait for the interpreter lock behind the building
+                sending.wait()
+            pool.shutdown(wait=True)
+        except BaseException as err:  # building failed, or an interrupt: no more blocks are sent
+            stop.set()
+            _stop_sending_if_interrupted(err, [generator])
+            pool.shutdown(wait=True)
+            raise
         errors = [f.exception() for f in futures if f.exception() is not None]
         error = next((e for e in errors if not isinstance(e, _Stopped)), errors[0] if errors else None)
         if error is not None:
             raise error
         return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
 
-    if side_by_side:
-        with ThreadPoolExecutor(max_workers=len(plans), thread_name_prefix="dpsynth-plm") as pool:
-            futures = {plm: pool.submit(ask, plm) for plm in plans}
-            return {plm: f.result() for plm, f in futures.items()}
-    return {plm: ask(plm) for plm in plans}
+    if not side_by_side:
+        return {plm: ask(plm) for plm in plans}
+    pool = ThreadPoolExecutor(max_workers=len(plans), thread_name_prefix="dpsynth-plm")
+    try:
+        futures = {plm: pool.submit(ask, plm) for plm in plans}
+        answers = {plm: f.result() for plm, f in futures.items()}
+    except BaseException as err:  # the other PLMs' batches go on (and are cached), unless the run was interrupted
+        _stop_sending_if_interrupted(err, [generators[plm] for plm in plans])
+        pool.shutdown(wait=True)
+        raise
+    pool.shutdown(wait=True)
+    return answers
+
+
+def _stop_sending_if_interrupted(err: BaseException, generators: Sequence[CachedGenerator]) -> None:
+    """After an interrupt (Ctrl-C reaches the run's main thread, not the threads that send), the generators stop
+    sending before the run waits for those threads: the answers in flight still come back and are cached, nothing
+    more is paid for."""
+    if not isinstance(err, Exception):
+        for generator in generators:
+            generator.cancel()
 
 
 class _Replacements:
