@@ -91,7 +91,7 @@ class IdealEndpoint:
         h = int.from_bytes(hashlib.sha256(repr(request).encode()).digest()[:8], "big")
         return GenerationResult("" if h % 100 < self._drop else answer_text(self._texts, h), 10, 20)
 
-    def generate(self, requests: Sequence, on_result=None) -> list:
+    def generate(self, requests: Sequence, on_result=None, stop=None) -> list:
         call = [queue.SimpleQueue(), deque(enumerate(requests)), 0]
         with self._changed:
             self._calls.append(call)

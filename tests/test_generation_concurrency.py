@@ -109,8 +109,8 @@ class _Shuffled:
             return f"one of the few texts everybody writes, number {draw % 3}"
         return f"{self.name} writes something of its own, {request.seed}"
 
-    def generate(self, requests: Sequence[GenerationRequest],
-                 on_result: ResultCallback | None = None) -> list[GenerationResult]:
+    def generate(self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None,
+                 stop: threading.Event | None = None) -> list[GenerationResult]:
         import random
 
         self._log.extend((self.name, r.seed, time.monotonic()) for r in requests)
@@ -235,7 +235,7 @@ class _Blocked:
         self.calls: list[int] = []
         self.first_call = threading.Event()
 
-    def generate(self, requests, on_result=None):
+    def generate(self, requests, on_result=None, stop=None):
         self.calls.append(len(requests))
         self.first_call.set()
         out = [GenerationResult(f"a review long enough to keep, {r.seed}", 1, 1) for r in requests]

@@ -672,7 +672,8 @@ def test_a_run_s_blocks_stop_together_when_a_request_gives_up_and_every_answer_i
     db = sqlite3.connect(str(tmp_path / "requests.sqlite"))
     cached = db.execute("SELECT COUNT(*) FROM generations").fetchone()[0]
     db.close()
-    assert 4 <= arrived <= 16 and cached == arrived - 1  # all but the refused one
+    assert 1 <= arrived <= 16 and cached == arrived - 1  # all but the refused one (a request of the first block
+    # that got its slot only after the refusal was not sent)
 
 
 @pytest.mark.parametrize("processes", [1, 2])

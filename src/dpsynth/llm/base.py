@@ -59,6 +59,12 @@ class GenerationResult:
 ResultCallback = Callable[[int, GenerationResult], None]
 
 
+class CallStopped(Exception):
+    """A call, or a request, not sent (or not retried) because another one gave up (in flight beside it, or earlier
+    in the same stop group: a run's blocks of one batch) or the run was interrupted: that other error is the one
+    to report."""
+
+
 class Generator(Protocol):
     """A pre-trained language model that writes texts for requests."""
 
@@ -81,7 +87,10 @@ class Generator(Protocol):
 
         The callback is how paid-for work is saved at once (the persistent
         cache writes each result as it arrives), so a crash mid-batch loses
-        at most the requests in flight.
+        at most the requests in flight. A backend that states `max_concurrency`
+        (an API generator) also takes `stop`, a run's event shared by the calls
+        of one batch: it sets it when one of its requests gives up, and a call
+        that starts once it is set raises `CallStopped` without sending.
         """
         ...
 

@@ -362,11 +362,12 @@ class CachedGenerator:
 
     def generate(
         self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None,
-        on_sending: Callable[[], None] | None = None,
+        on_sending: Callable[[], None] | None = None, stop: threading.Event | None = None,
     ) -> list[GenerationResult]:
         """Hits from the cache; misses claimed and sent; misses another process is sending, waited for.
         `on_sending()` is called (perhaps more than once) when the claimed misses are handed to the backend, or
-        when another process holds them all: a run then builds its next block of requests (methods/generation.py)."""
+        when another process holds them all: a run then builds its next block of requests (methods/generation.py).
+        `stop` goes to a backend that states its concurrency (base.Generator: the calls of one batch stop together)."""
         keys = [r.cache_key(self.model_id) for r in requests]
         results: list[GenerationResult | None] = [None] * len(requests)
 
@@ -390,7 +391,7 @@ class CachedGenerator:
             mine, theirs = self.cache.claim([keys[i] for i in pending])
             ours = [i for i in pending if keys[i] in mine]
             if ours:
-                self._pay(ours, keys, requests, deliver, on_sending)
+                self._pay(ours, keys, requests, deliver, on_sending, batch_stop=stop)
                 unanswered = [i for i in ours if results[i] is None]
                 if unanswered:
                     raise DpsynthError(f"{self.name}: the backend returned no result for {len(unanswered)} request(s)")
@@ -407,7 +408,8 @@ class CachedGenerator:
         return [r for r in results if r is not None]
 
     def _pay(self, indices: list[int], keys: list[str], requests: Sequence[GenerationRequest],
-             deliver: ResultCallback, on_sending: Callable[[], None] | None = None) -> None:
+             deliver: ResultCallback, on_sending: Callable[[], None] | None = None,
+             batch_stop: threading.Event | None = None) -> None:
         """Send the claimed requests, storing each result as it arrives (`_CacheWriter`); claims renewed meanwhile."""
         stop = threading.Event()
 
@@ -435,7 +437,11 @@ class CachedGenerator:
                 allowed = self.guard.admit([requests[i] for i in indices])
             if on_sending is not None:
                 on_sending()
-            self.inner.generate([requests[i] for i in indices[:allowed]], on_result=store)
+            batch = [requests[i] for i in indices[:allowed]]
+            if batch_stop is not None:
+                self.inner.generate(batch, on_result=store, stop=batch_stop)  # type: ignore[call-arg]
+            else:
+                self.inner.generate(batch, on_result=store)
         except BaseException as err:
             failed = err
             raise

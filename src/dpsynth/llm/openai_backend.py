@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from dpsynth.errors import DpsynthError
-from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+from dpsynth.llm.base import CallStopped, GenerationRequest, GenerationResult, ResultCallback
 from dpsynth.llm.request_fleet import RequestFleet
 from dpsynth.llm.spend import RatePacer, worst_case
 
@@ -45,18 +45,13 @@ class MalformedAnswer(Exception):
     """The endpoint answered with success but not with a usable completion."""
 
 
-class Cancelled(Exception):
-    """A request not sent, or not retried: its call had already stopped, or a request of a call beside it gave
-    up (whose error is the one to report)."""
-
-
 class _CallStop:
     """Whether a call's requests should no longer be sent or retried: the call itself stopped (a request gave up,
     or its callback failed), or a request of any call in flight beside it gave up (as a `processes:` fleet stops
     every call it serves)."""
 
-    def __init__(self, shared: threading.Event) -> None:
-        self.own, self.shared = threading.Event(), shared
+    def __init__(self, shared: threading.Event, group: threading.Event | None) -> None:
+        self.own, self.shared, self.group = threading.Event(), shared, group  # group: the batch's (base.Generator)
 
     def is_set(self) -> bool:
         return self.own.is_set() or self.shared.is_set()
@@ -225,24 +220,29 @@ class OpenAICompatGenerator:
         return self._chat
 
     def generate(
-        self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None
+        self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None,
+        stop: threading.Event | None = None,
     ) -> list[GenerationResult]:
+        """`stop`: shared by the calls of one batch (base.Generator): set here when a request gives up; a call
+        that starts once it is set sends nothing."""
         if self._fleet is not None:
-            return self._fleet.generate(requests, on_result)
+            return self._fleet.generate(requests, on_result, stop)
         with self._count_lock:
+            if stop is not None and stop.is_set():
+                raise CallStopped
             if not self._calls_in_flight:
                 self._gave_up.clear()
                 self._first_give_up = None
             self._calls_in_flight += 1
         cpu, wall = time.process_time(), time.perf_counter()
         try:
-            results, error = self._send_all(requests, on_result, _CallStop(self._gave_up))
+            results, error = self._send_all(requests, on_result, _CallStop(self._gave_up, stop))
         finally:
             with self._count_lock:
                 self._calls_in_flight -= 1
                 first_give_up = self._first_give_up  # before a call starting next clears it
         self._hint_if_client_bound(len(requests), time.process_time() - cpu, time.perf_counter() - wall)
-        if isinstance(error, Cancelled):  # stopped by a request of another call: that request's error
+        if isinstance(error, CallStopped):  # stopped by a request of another call: that request's error
             error = first_give_up or error
         if error is not None:
             raise self._explain(error) from error
@@ -283,10 +283,6 @@ class OpenAICompatGenerator:
                                 on_result(i, result)
                         except BaseException as err:  # noqa: BLE001 - e.g. the cache cannot keep answers
                             problem, heard_failed = (None if heard_failed else err), True
-                    elif not isinstance(problem, Cancelled):
-                        with self._count_lock:
-                            self._first_give_up = self._first_give_up or problem
-                        self._gave_up.set()
                     if problem is not None:
                         error = error or problem
                         stop.own.set()
@@ -313,8 +309,18 @@ class OpenAICompatGenerator:
     def _one_in_slot(self, request: GenerationRequest, stop: _CallStop) -> GenerationResult:
         with self._slots:
             if stop.is_set():  # it waited for its slot while the call stopped: not sent
-                raise Cancelled
-            return self._one(request, stop)
+                raise CallStopped
+            try:
+                return self._one(request, stop)
+            except CallStopped:
+                raise
+            except Exception as err:  # it gave up: the calls in flight stop before its slot is free
+                with self._count_lock:  # and, while this call is in flight, its batch's later calls too
+                    self._first_give_up = self._first_give_up or err
+                    self._gave_up.set()
+                    if stop.group is not None:
+                        stop.group.set()
+                raise
 
     def _one(self, request: GenerationRequest, failed: Any = None) -> GenerationResult:
         """One request, retried; `failed.is_set()` (an event, here or shared with other processes) stops the
@@ -328,7 +334,7 @@ class OpenAICompatGenerator:
                 if delay is None or attempt >= self._max_retries:
                     raise
                 if failed is not None and failed.is_set():  # not its own failure: the one that stopped it is
-                    raise Cancelled from err
+                    raise CallStopped from err
             attempt += 1
             with self._count_lock:
                 self._retries += 1

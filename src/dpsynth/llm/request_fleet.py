@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dpsynth.errors import DpsynthError
-from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+from dpsynth.llm.base import CallStopped, GenerationRequest, GenerationResult, ResultCallback
 
 T = TypeVar("T")
 POLL_SECONDS = 1.0  # how often a waiting call checks that the fleet still works (and the start-up, its workers)
@@ -94,7 +94,7 @@ def _explained(gen: Any, err: BaseException) -> str:
 def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbox: Any, failed: Any) -> None:
     """A worker process: read a request whenever one of its threads is free (the parent sends one only then),
     answer each as it completes."""
-    from dpsynth.llm.openai_backend import Cancelled, OpenAICompatGenerator
+    from dpsynth.llm.openai_backend import OpenAICompatGenerator
 
     gen = OpenAICompatGenerator(**settings, max_concurrency=threads)
     free = threading.Semaphore(threads)
@@ -104,9 +104,10 @@ def _work(worker: int, settings: dict[str, Any], threads: int, inbox: Any, outbo
         err = future.exception()
         if err is None:
             outbox.put(_Answer(call, index, worker, gen.retries, future.result(), None))
-        elif isinstance(err, Cancelled):  # a retry cut short because another request gave up
+        elif isinstance(err, CallStopped):  # a retry cut short because another request gave up
             outbox.put(_Answer(call, index, worker, gen.retries, None, CANCELLED))
         else:
+            failed.set()  # at once, in every worker: the parent hears of it an answer later
             outbox.put(_Answer(call, index, worker, gen.retries, None, _explained(gen, err)))
         free.release()
 
@@ -313,13 +314,17 @@ class RequestFleet:
         """Requests the workers sent again, over the fleet's life."""
         return self._router.retries
 
-    def generate(self, requests: Sequence[GenerationRequest],
-                 on_result: ResultCallback | None = None) -> list[GenerationResult]:
+    def generate(self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None,
+                 stop: threading.Event | None = None) -> list[GenerationResult]:
+        """`stop`: shared by the calls of one batch (base.Generator): set when a request gives up; a call that
+        starts once it is set sends nothing."""
         router = self._router
         me = _Call(len(requests))
         with router.lock:
             if router.broken is not None:
                 raise router.broken
+            if stop is not None and stop.is_set():
+                raise CallStopped
             if not router.calls:  # a failure stops the calls in flight with it, not the next ones
                 self._failed.clear()
                 router.first_error = None
@@ -327,7 +332,7 @@ class RequestFleet:
             router.calls[call] = me
             slots = self._claim_free(me)
         try:
-            return self._collect(call, me, slots, requests, on_result)
+            return self._collect(call, me, slots, requests, on_result, stop)
         finally:
             with router.lock:
                 del router.calls[call]
@@ -355,7 +360,7 @@ class RequestFleet:
         return slots
 
     def _collect(self, call: int, me: _Call, slots: list[int], requests: Sequence[GenerationRequest],
-                 on_result: ResultCallback | None) -> list[GenerationResult]:
+                 on_result: ResultCallback | None, stop: threading.Event | None) -> list[GenerationResult]:
         """Send and collect one call's requests. Each answer comes with its slot: while this is the only call it
         sends its next request on it at once (no lock, about a tenth of the fleet's CPU an answer); beside other
         calls every slot it holds goes through `hand_out`, to whichever call wants one and holds fewest. After a
@@ -383,6 +388,8 @@ class RequestFleet:
                 me.in_flight -= 1
                 if answer.error is not None:
                     self._failed.set()  # the calls beside it stop too, even after this one's callback failed
+                    if stop is not None and answer.error != CANCELLED:
+                        stop.set()  # while this call is in flight: a call of its batch that starts later sends nothing
                     if error is None:
                         error = answer.error
                         me.unsent = 0  # nothing more is sent; the slots it holds go to the others

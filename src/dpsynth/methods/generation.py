@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsynth.data.records import TaskSpec
-from dpsynth.llm.base import GenerationRequest, GenerationResult
+from dpsynth.llm.base import CallStopped, GenerationRequest, GenerationResult
 from dpsynth.llm.cache import CachedGenerator
 from dpsynth.prompts.builder import PromptSettings, build_request
 from dpsynth.prompts.cleaning import CleaningStats, clean_generation
@@ -174,11 +174,6 @@ class _Progress:
                 self.report(plm, self.done[plm], self.target[plm])
 
 
-class _Stopped(Exception):
-    """Raised by a block's answer callback once another block of its PLM has failed: the backend then sends nothing
-    more for that block, and still hands on (and the cache keeps) the answers in flight."""
-
-
 def _blocks(plan: GenerationPlan, make: Callable[[GenerationPlan], list[tuple[str, GenerationRequest]]],
             first: int | None) -> Iterator[list[tuple[str, int, GenerationRequest]]]:
     """`plan`'s requests as (label, j: the index among its label's, request), in blocks: about `first` of them in
@@ -215,9 +210,9 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
     """Every PLM's plan asked, its (label, answer) pairs in plan order: side by side when all of them are API
     generators, else one after another. An API generator that says how many requests it has in flight (and has no
     spend cap, which is checked per batch) gets its requests in growing blocks (`_blocks`), each block a call of
-    its own, built once the block before it is being sent; after a failure no more blocks are sent (the blocks in
-    flight are calls of one generator, which a request that gives up stops together; a block that started as
-    another ended stops at its first answer), and the first block's error in plan order is raised. Requests in
+    its own, built once the block before it is being sent; after a failure no more blocks are sent (the blocks are
+    calls of one generator sharing a `stop` event: a request that gives up stops those in flight and those that
+    start later), and the first block's error in plan order is raised. Requests in
     `known(plm)` (replacements answered early) are not asked again; `listen(plm, label, j, result)` hears each
     answer to the j-th request of a label as it arrives."""
     side_by_side = len(plans) > 1 and all(generators[plm].remote for plm in plans)
@@ -235,15 +230,13 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
                 progress.answered(plm)
                 if listen:
                     listen(plm, missing[k][0], missing[k][1], result)
-                if stop.is_set():  # a block that started just as another ended failing: the backend's own stop,
-                    raise _Stopped  # which holds for the calls in flight together, did not reach it
 
             try:
                 if stop.is_set():
-                    return
+                    raise CallStopped
                 missing.extend((label, j, r) for label, j, r in block if r not in answered)
-                asked = iter(generator.generate([r for *_, r in missing], on_result=heard, on_sending=sending.set)
-                             if missing else [])
+                asked = iter(generator.generate([r for *_, r in missing], on_result=heard, on_sending=sending.set,
+                                                stop=stop if first is not None else None) if missing else [])
             except BaseException:
                 stop.set()
                 raise
@@ -274,7 +267,7 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
             pool.shutdown(wait=True)
             raise
         errors = [f.exception() for f in futures if f.exception() is not None]
-        error = next((e for e in errors if not isinstance(e, _Stopped)), errors[0] if errors else None)
+        error = next((e for e in errors if not isinstance(e, CallStopped)), errors[0] if errors else None)
         if error is not None:
             raise error
         return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
