@@ -23,6 +23,10 @@ empty request cache) in a fresh process, so that its peak resident memory is its
   answers: two joined reviews), with the embedder's own batch size on the same device;
 - voting time, peak resident memory (and bytes per sample over the smallest N), the requests sent;
 and after the largest cell, the request cache's cost per request with its rows (get and put, 1,000 each).
+A second table gives the server's view of each cell, from its own request log (`server_view`): how full the
+client kept the generators' slots, the run's time before its first request and after its last answer, how long a
+freed slot stayed free before the next request came, and the server's own time: where the gap to the latency
+bound lies.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ import json
 import math
 import multiprocessing as mp
 import os
+import re
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -46,23 +52,31 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from fresh_cache import fresh_request_cache  # noqa: E402
 
+MODEL = re.compile(rb'"model":\s*"([^"]*)"')
+
 
 def answer_text(texts: list[str], h: int) -> str:
     """The server's answer for a request whose body hashes to `h`: two real reviews joined."""
     return f"{texts[h % len(texts)]} {texts[(h // len(texts)) % len(texts)]}"
 
 
-def serve(port: int, ready: mp.Queue, latency: float, texts: list[str], drop: int = 0) -> None:
+def serve(port: int, ready: mp.Queue, latency: float, texts: list[str], drop: int = 0,
+          log_dir: str | None = None) -> None:
     """One process of the loopback server: every POST waits `latency` s and returns a real text (an empty one for
     a seeded `drop` percent of requests: what cleaning drops). Several such processes share `port` (SO_REUSEPORT;
     the kernel spreads connections over them), so that the server, like a vLLM endpoint in front of many
-    replicas, is not the limit the client is measured against."""
+    replicas, is not the limit the client is measured against. With `log_dir`, each request's model and its
+    arrival and answer times (CLOCK_MONOTONIC, which every process on the machine shares) go to a file of this
+    process's there: what `server_view` reads to tell how full the client kept the server."""
+    log = open(Path(log_dir) / f"server-{os.getpid()}.txt", "a", buffering=1) if log_dir else None  # noqa: SIM115
+    log_lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True
 
         def do_POST(self) -> None:
+            arrived = time.monotonic()
             body = self.rfile.read(int(self.headers["Content-Length"]))
             time.sleep(latency)
             h = int.from_bytes(hashlib.sha256(body).digest()[:8], "big")
@@ -78,6 +92,11 @@ def serve(port: int, ready: mp.Queue, latency: float, texts: list[str], drop: in
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
             self.wfile.write(answer)
+            if log is not None:
+                model = MODEL.search(body)
+                line = f"{model.group(1).decode() if model else '?'} {arrived:.6f} {time.monotonic():.6f}\n"
+                with log_lock:
+                    log.write(line)
 
         def log_message(self, *args) -> None:
             pass
@@ -98,7 +117,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_servers(latency: float, processes: int = 1, drop: int = 0) -> tuple[str, list[mp.Process]]:
+def start_servers(latency: float, processes: int = 1, drop: int = 0,
+                  log_dir: Path | None = None) -> tuple[str, list[mp.Process]]:
     """The loopback server (`serve`, real Rotten Tomatoes reviews as answers) in `processes` daemon processes on
     one port, ready: its base URL and the processes (every benchmark that asks an API starts it this way)."""
     from dpsynth.data.corpora import get_corpus
@@ -106,7 +126,8 @@ def start_servers(latency: float, processes: int = 1, drop: int = 0) -> tuple[st
     texts = get_corpus("rotten_tomatoes").load().texts
     ready: mp.Queue = mp.Queue()
     port = free_port()
-    servers = [mp.Process(target=serve, args=(port, ready, latency, texts, drop), daemon=True)
+    servers = [mp.Process(target=serve, args=(port, ready, latency, texts, drop, str(log_dir) if log_dir else None),
+                          daemon=True)
                for _ in range(processes)]
     for server in servers:
         server.start()
@@ -141,22 +162,24 @@ def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int
     import dpsynth.methods.wasp as wasp
 
     spent = {"cpu": 0.0, "wall": 0.0}  # this process's CPU (all its threads) and wall time inside generate_samples
+    windows: list[tuple[float, float]] = []  # each call's start and end on CLOCK_MONOTONIC (the server's log clock)
     generate = wasp.generate_samples
 
     def timed_generate(*args, **kwargs):  # a pass-through, timed
-        cpu, wall = time.process_time(), time.perf_counter()
+        cpu, wall, start = time.process_time(), time.perf_counter(), time.monotonic()
         try:
             return generate(*args, **kwargs)
         finally:
             spent["cpu"] += time.process_time() - cpu
             spent["wall"] += time.perf_counter() - wall
+            windows.append((start, time.monotonic()))
 
     wasp.generate_samples = timed_generate  # only in this cell's process
     with tempfile.TemporaryDirectory() as tmp:
         result = Run.create(parse_config(raw), Path(tmp) / "run").execute()
     metrics = result["metrics"]
     return {"metrics": metrics, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "generation_cpu_s": spent["cpu"], "generation_wall_s": spent["wall"]}
+            "generation_cpu_s": spent["cpu"], "generation_wall_s": spent["wall"], "generation_windows": windows}
 
 
 def latency_bound(metrics: dict, concurrency: int, latency: float) -> float:
@@ -210,6 +233,56 @@ def ideal_bound(iterations: list[list[tuple[int, int, int]]], concurrency: int, 
     return total / draws * latency
 
 
+def server_view(log_dir: Path, windows: list[tuple[float, float]], concurrency: int, latency: float) -> dict:
+    """How full the client kept the server while it generated, from the server's own log (`serve`): the requests
+    that arrived inside the run's generation windows (`windows`, CLOCK_MONOTONIC), and
+    - `busy`: the share of the generators' slots (generators x `concurrency`) that held a request at the server,
+      over the windows' whole length; `lowest`: the same for the generator that kept its slots least full;
+    - `first_s` / `after_s`: summed over the windows, from a window's start to its first request's arrival, and
+      from its last answer to the window's end (the run's own time before and after its requests);
+    - `turnaround_ms` (median and mean): how long a freed slot stayed free. A generator holds `concurrency`
+      slots, so its (c+i)-th request of a window can only arrive once its i-th answer (in time order) has gone:
+      arrival[c+i] - answer[i] is the round trip through the client (answer received, cached, cleaned, the next
+      request built and sent), and, in the mean, the waits when no request was ready (replacements that wait for
+      a drop to be known);
+    - `served_ms`: a request's time at the server beyond `latency` (the server's own cost, in the mean)."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for path in log_dir.glob("server-*.txt"):
+        for line in path.read_text().splitlines():
+            model, arrived, done = line.split()
+            spans.setdefault(model, []).append((float(arrived), float(done)))
+    total = served = first = after = 0.0
+    count = 0
+    per_model = dict.fromkeys(spans, 0.0)
+    gaps: list[np.ndarray] = []
+    for start, end in windows:
+        total += end - start
+        inside = {m: np.array([(a, min(d, end)) for a, d in v if start <= a <= end]).reshape(-1, 2)
+                  for m, v in spans.items()}
+        inside = {m: v for m, v in inside.items() if len(v)}
+        if not inside:
+            continue
+        both = np.concatenate(list(inside.values()))
+        arrivals, answers = both[:, 0], both[:, 1]
+        count += len(arrivals)
+        first += arrivals.min() - start
+        after += end - answers.max()
+        for m, v in inside.items():
+            per_model[m] += float((v[:, 1] - v[:, 0]).sum())
+            a, d = np.sort(v[:, 0]), np.sort(v[:, 1])
+            gaps.append(a[concurrency:] - d[: max(len(a) - concurrency, 0)])
+        served += float((answers - arrivals).sum())
+    if not count:
+        return {"requests": 0}
+    slots = len(spans) * concurrency
+    gap = np.concatenate(gaps) if gaps else np.zeros(0)
+    return {"requests": count, "busy": served / (slots * total),
+            "lowest": min(per_model.values()) / (concurrency * total),
+            "first_s": first, "after_s": after,
+            "turnaround_ms": (float(np.median(gap)) * 1e3, float(gap.mean()) * 1e3) if len(gap) else (0.0, 0.0),
+            "served_ms": (served / count - latency) * 1e3}
+
+
 def encoder_peak(texts: list[str], embedder_name: str, device: str) -> float:
     """texts/s of the run's encoder on texts like the server's answers, with its own batch size on the run's
     device, in this process (after a warm-up): the most the run's embedding could reach."""
@@ -258,6 +331,8 @@ def main() -> None:
                         "samplers: voting then leaves out the exact sampler's cost")
     parser.add_argument("--processes", type=int, default=1, help="request processes per generator (processes:)")
     parser.add_argument("--server-processes", type=int, default=1, help="loopback server processes on one port")
+    parser.add_argument("--server-log", type=Path, help="a folder to keep the server's request log and the cells' "
+                        "generation windows in (for a later look); a temporary one otherwise")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # internal: run one cell, print its JSON
     args = parser.parse_args()
     if args.cell:
@@ -270,7 +345,9 @@ def main() -> None:
     from dpsynth.data.corpora import get_corpus
 
     texts = get_corpus("rotten_tomatoes").load().texts
-    url, servers = start_servers(args.latency, args.server_processes)
+    server_log = args.server_log or Path(tempfile.mkdtemp(prefix="api-scale-log-"))
+    server_log.mkdir(parents=True, exist_ok=True)
+    url, servers = start_servers(args.latency, args.server_processes, log_dir=server_log)
     from dpsynth.device import resolve_device
 
     # enough texts for the peak to be the encoder's, not its start-up: a GPU needs many more than a CPU
@@ -289,6 +366,7 @@ def main() -> None:
     rss: dict[int, dict[int, int]] = {}
     own_s: dict[int, dict[int, tuple[int, float]]] = {}  # K -> N -> (requests, own seconds)
     last_cache = None
+    views: list[str] = []  # the server's view of each cell: a second table
     for k in args.k:
         for n in args.n:
             cache = fresh_request_cache(cache_root / f"k{k}-n{n}")  # one-time assets shared; generations start empty
@@ -323,6 +401,23 @@ def main() -> None:
                   f"| {own / requests * 1e3:.2f} | {throughput:.0f} | {throughput / peak:.2f} | {voting:.1f} "
                   f"| {t['wall']:.1f} | {cell['peak_rss_bytes'] / 2**20:.0f} |")
             last_cache = cache / "requests.sqlite"
+            windows = cell["generation_windows"]
+            with open(server_log / "cells.jsonl", "a") as f:
+                f.write(json.dumps({"k": k, "n": n, "generation_windows": windows}) + "\n")
+            v = server_view(server_log, windows, args.concurrency, args.latency)
+            if v["requests"]:
+                views.append(f"| {k} | {n} | {v['requests']} | {v['busy']:.3f} | {v['lowest']:.3f} "
+                             f"| {v['first_s']:.2f} | {v['turnaround_ms'][0]:.1f} / {v['turnaround_ms'][1]:.1f} "
+                             f"| {v['after_s']:.2f} | {v['served_ms']:.1f} |")
+    if views:
+        print("\nThe server's view (its request log; generation windows only): the share of the generators' slots "
+              "that held a request there; the run's time before its first request and after its last answer, "
+              "summed over iterations; how long a freed slot stayed free before its next request arrived (median / "
+              "mean: the round trip through the client); the server's own time a request beyond the latency")
+        print("| K | N | requests at the server | slots busy | generator least busy | before first request s "
+              "| slot free ms, median / mean | after last answer s | server's own ms/request |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(views))
     for k, by_n_own in own_s.items():
         if len(by_n_own) > 1:
             reqs, secs = (np.array(v, dtype=float) for v in zip(*by_n_own.values()))

@@ -8,7 +8,8 @@
 #     run(command="bash benchmarks/device_scale.sh run", timeout_s=590,
 #         carry=[".whl", ".devmodel/minilm", ".devcache/corpora"])
 # The tables come back in $OUT: api_scale.txt (generation against the latency bound and an ideal client's time,
-# per K and N), generation_overhead.txt (the run's own time against an ideal endpoint on this machine's CPU, requests
+# per K and N, and the server's view: how full the client kept its slots), server-log/ (the server's request log
+# and the cells' generation windows), generation_overhead.txt (the run's own time against an ideal endpoint on this machine's CPU, requests
 # in blocks against one call a batch), early_replacements.txt (replacements beside the batch, 2 request processes
 # per generator), machine.txt.
 # A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
@@ -46,8 +47,10 @@ run() {
     { nproc; nvidia-smi -L 2>/dev/null || true; $py --version; } > "$out/machine.txt"
     # shellcheck disable=SC2086
     timeout 420 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
-        --k ${KS:-6 2} --n ${NS:-600 2400 9600 38400} --processes 2 --server-processes 4 2>&1 \
+        --k ${KS:-6 2} --n ${NS:-600 2400 9600 38400} --processes 2 --server-processes 4 \
+        --server-log "$out/server-log" 2>&1 \
         | grep -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
+    gzip -f "$out"/server-log/*.txt 2>/dev/null || true  # the raw request log, for a later look (about 1 MB)
     timeout 75 $py benchmarks/generation_overhead.py --repeats 1 2>&1 | tee "$out/generation_overhead.txt" || true
     timeout 75 $py benchmarks/early_replacements.py --k 6 --processes 2 --iterations 3 2>&1 \
         | tee "$out/early_replacements.txt" || true
