@@ -317,6 +317,15 @@ def cache_cost(path: Path) -> tuple[int, float, float]:
     return rows, get, put
 
 
+def switch_site(root: Path, seconds: float) -> Path:
+    """A folder whose sitecustomize sets the interpreter's switch interval in every Python process started with it
+    on PYTHONPATH (a cell's process and the request processes it spawns)."""
+    site = root / "switch-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({seconds!r})\n")
+    return site
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, nargs="+", default=[600, 2400, 9600, 38400])
@@ -331,6 +340,9 @@ def main() -> None:
                         "samplers: voting then leaves out the exact sampler's cost")
     parser.add_argument("--processes", type=int, default=1, help="request processes per generator (processes:)")
     parser.add_argument("--server-processes", type=int, default=1, help="loopback server processes on one port")
+    parser.add_argument("--switch-interval", type=float, help="the interpreter's switch interval (s; Python's "
+                        "default is 0.005) in each cell's process and its request processes: how long a thread "
+                        "that waits for the interpreter lock may wait for one that holds it busy")
     parser.add_argument("--server-log", type=Path, help="a folder to keep the server's request log and the cells' "
                         "generation windows in (for a later look); a temporary one otherwise")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # internal: run one cell, print its JSON
@@ -358,7 +370,8 @@ def main() -> None:
     print(f"server {url} ({args.server_processes} processes): latency {args.latency} s, {args.concurrency} requests "
           f"in flight per generator from {args.processes} process(es) each; "
           f"encoder peak {peak:.0f} texts/s ({args.embedder} on {args.device}, texts like the answers, this machine)"
-          + ("; seeded numpy noise" if args.noise_seed is not None else "; OpenDP's exact noise"))
+          + ("; seeded numpy noise" if args.noise_seed is not None else "; OpenDP's exact noise")
+          + (f"; switch interval {args.switch_interval} s" if args.switch_interval is not None else ""))
     print("| K | N | requests | generation s | / latency bound | / ideal client | run's CPU in generation, cores "
           "| own ms/request | embedding texts/s | / peak | voting s | wall s | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -371,6 +384,9 @@ def main() -> None:
         for n in args.n:
             cache = fresh_request_cache(cache_root / f"k{k}-n{n}")  # one-time assets shared; generations start empty
             env = {**os.environ, "DPSYNTH_CACHE": str(cache), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
+            if args.switch_interval is not None:  # request processes are spawned: a sitecustomize reaches them too
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(switch_site(cache_root, args.switch_interval)),
+                                                                  env.get("PYTHONPATH")]))
             cell_args = ["--concurrency", str(args.concurrency), "--processes", str(args.processes),
                          "--m", str(args.m), "--iterations", str(args.iterations), "--embedder", args.embedder,
                          "--device", args.device]

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Issue 37's measurements on a lent GPU machine (16 cores, no network), as one prepared command.
 #
-# Here, once (this machine reaches the package registries; the three folders are ignored through
-# .git/info/exclude, so they travel only when carried):
+# Here, once (this machine reaches the package registries; the three folders are in .gitignore, so they travel
+# only when carried):
 #     bash benchmarks/device_scale.sh prepare
 # Then one device call (about 8 minutes: the whole api_scale curve took 398 s on an H200, the rest about 90 s):
 #     run(command="bash benchmarks/device_scale.sh run", timeout_s=590,
 #         carry=[".whl", ".devmodel/minilm", ".devcache/corpora"])
 # The tables come back in $OUT: api_scale.txt (generation against the latency bound and an ideal client's time,
 # per K and N, and the server's view: how full the client kept its slots), server-log/ (the server's request log
-# and the cells' generation windows), generation_overhead.txt (the run's own time against an ideal endpoint on this machine's CPU, requests
-# in blocks against one call a batch), early_replacements.txt (replacements beside the batch, 2 request processes
-# per generator), machine.txt.
+# and the cells' generation windows), generation_overhead.txt (the run's own time against an ideal endpoint on this
+# machine's CPU, requests in blocks against one call a batch), switch_interval.txt (K=6, N=9,600 again with a 0.5 ms
+# switch interval), machine.txt.
 # A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
 #     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 PY=.venv/bin/python bash benchmarks/device_scale.sh run
 set -euo pipefail
@@ -52,8 +52,11 @@ run() {
         | grep -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
     gzip -f "$out"/server-log/*.txt 2>/dev/null || true  # the raw request log, for a later look (about 1 MB)
     timeout 75 $py benchmarks/generation_overhead.py --repeats 1 2>&1 | tee "$out/generation_overhead.txt" || true
-    timeout 75 $py benchmarks/early_replacements.py --k 6 --processes 2 --iterations 3 2>&1 \
-        | tee "$out/early_replacements.txt" || true
+    # one cell again with a 0.5 ms switch interval (Python's default: 5 ms) in the run and its request processes: does
+    # a thread handing an answer on wait for the interpreter lock? (the same cell of the curve above is the control)
+    timeout 75 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+        --k 6 --n "${SWITCH_N:-9600}" --processes 2 --server-processes 4 --switch-interval 0.0005 2>&1 \
+        | grep -v -E 'Loading weights|it/s\]' | tee "$out/switch_interval.txt" || true
 }
 
 case "${1:-}" in
