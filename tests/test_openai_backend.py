@@ -700,9 +700,15 @@ def test_an_interrupted_run_stops_sending_and_keeps_what_came_back(tmp_path: Pat
         gens = {plm: CachedGenerator(OpenAICompatGenerator("m", name=plm, base_url=url, processes=processes,
                                                            max_concurrency=4), cache) for plm in ("a", "b")}
         plans = [GenerationPlan(plm, {"positive": 100, "negative": 100}) for plm in gens]
-        threading.Timer(0.15, ctrl_c).start()
-        with pytest.raises(KeyboardInterrupt):
-            generate_samples(0, plans=plans, generators=gens, existing=[], max_attempts=1, make_requests=make)
+        # Python raises KeyboardInterrupt on SIGINT only where SIGINT was not ignored at its start, and a shell
+        # ignores it in the jobs it sends to the background: this test must not depend on how pytest was started
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            threading.Timer(0.15, ctrl_c).start()
+            with pytest.raises(KeyboardInterrupt):
+                generate_samples(0, plans=plans, generators=gens, existing=[], max_attempts=1, make_requests=make)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         time.sleep(0.3)  # anything still being sent would reach the server meanwhile
         arrived = len(_Echo.arrived)
     db = sqlite3.connect(str(tmp_path / "requests.sqlite"))
