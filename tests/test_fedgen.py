@@ -14,7 +14,7 @@ import pytest
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.base import LABEL_SIGMA
 from dpsynth.methods.fedgen import NOISE_MULTIPLIER, STRONG, VOTE_SIGMA, WEAK, refine
-from dpsynth.privacy.accountant import epsilon_pld
+from dpsynth.privacy.accountant import epsilon_tight
 from dpsynth.privacy.events import GaussianEvent, SubsampledGaussianEvent
 from dpsynth.runs.config import parse_config
 from dpsynth.runs.planning import plan_privacy
@@ -77,10 +77,10 @@ def test_plan_composes_the_two_groups_in_parallel_and_each_spends_the_budget() -
     train = SubsampledGaussianEvent(name="t", count=15, sampling_rate=0.2, noise_multiplier=knobs[NOISE_MULTIPLIER])
     votes = GaussianEvent(name="v", sensitivity=math.sqrt(3), sigma=knobs[VOTE_SIGMA])
     delta = plan.accounting_delta
-    assert epsilon_pld([profile], delta) == pytest.approx(1.0, rel=2e-3)  # the paper's eps_prof = eps / 4
-    assert epsilon_pld([profile, train], delta) == pytest.approx(4.0, rel=2e-3)
-    assert epsilon_pld([profile, votes], delta) == pytest.approx(4.0, rel=2e-3)
-    assert epsilon_pld([profile, train, votes], delta) > 4.5  # what sequential composition would charge
+    assert epsilon_tight([profile], delta) == pytest.approx(1.0, rel=2e-3)  # the paper's eps_prof = eps / 4
+    assert epsilon_tight([profile, train], delta) == pytest.approx(4.0, rel=2e-3)
+    assert epsilon_tight([profile, votes], delta) == pytest.approx(4.0, rel=2e-3)
+    assert epsilon_tight([profile, train, votes], delta) > 4.5  # what sequential composition would charge
     assert plan.epsilon_of(knobs) == pytest.approx(4.0, rel=2e-3)
     assert {r.name: r.scope for r in plan.schedule.releases} == {
         "labels.histogram": "all", "fedgen.training": STRONG, "fedgen.votes": WEAK}

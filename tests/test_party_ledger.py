@@ -16,7 +16,7 @@ from dpsynth.federated.party import PartyShard, noisy_votes
 from dpsynth.federated.party_ledger import PartyLedger
 from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.flower_app import party_ledger
-from dpsynth.privacy.accountant import Adjacency, epsilon_pld
+from dpsynth.privacy.accountant import Adjacency, epsilon_tight
 from dpsynth.privacy.events import GaussianEvent, SubsampledGaussianEvent
 from dpsynth.privacy.ledger import BudgetExceededError, PrivacyLedger
 from dpsynth.privacy.sensitivity import wasp_topq_sensitivity
@@ -26,7 +26,7 @@ DELTA = 1e-5
 
 
 def _eps(*events) -> float:
-    return epsilon_pld(list(events), DELTA)
+    return epsilon_tight(list(events), DELTA)
 
 
 def test_vote_charge_is_the_sum_noise_of_the_fewest_shares_with_the_sensitivity_computed_here(tmp_path: Path) -> None:

@@ -10,10 +10,12 @@ from helpers import epsilon_at, plan, sensitivity, sigma_for, vote_events
 
 from dpsynth.privacy.accountant import (
     account,
-    epsilon_pld,
     epsilon_rdp,
+    epsilon_tight,
+    gdp_delta,
     gdp_epsilon,
     gdp_mu_for,
+    primary_accountant,
 )
 from dpsynth.privacy.calibrate import calibrate_noise, gaussian_sigma_closed_form
 from dpsynth.privacy.events import (
@@ -62,7 +64,7 @@ def test_wasp_table(target: int) -> None:
 def test_wasp_rdp_is_looser_at_paper_sigma() -> None:
     events = vote_events(plan("wasp", 5, 8), 9.690)
     assert close(epsilon_rdp(events, 1e-5), 1.403)
-    assert epsilon_rdp(events, 1e-5) > epsilon_pld(events, 1e-5)
+    assert epsilon_rdp(events, 1e-5) > epsilon_tight(events, 1e-5)
 
 
 def test_federated_without_secure_aggregation() -> None:
@@ -94,14 +96,67 @@ def test_augpe_gaussian_dp_table(target: int) -> None:
     assert close(gdp_mu_for(target, 1e-5), mu)
     assert close(sigma_for("augpe", 5, target), sigma4)
     assert close(sigma_for("augpe", 11, target), sigma10)
-    # PLD reproduces the exact GDP epsilon to 4 decimals
+    # a Gaussian-only schedule is accounted by the exact closed form; dp-accounting's PLD agrees with it
     events = vote_events(plan("augpe", 11), sigma10)
-    assert abs(epsilon_pld(events, 1e-5) - gdp_epsilon(math.sqrt(10) / sigma10, 1e-5)) < 2e-3
+    assert epsilon_tight(events, 1e-5) == pytest.approx(gdp_epsilon(math.sqrt(10) / sigma10, 1e-5), rel=1e-12)
+    assert abs(epsilon_tight(events, 1e-5) - _dp_accounting_pld(math.sqrt(10) / sigma10, 1e-5)) < 1e-6
+
+
+def _dp_accounting_pld(mu: float, delta: float) -> float:
+    """dp-accounting's own PLD epsilon of one Gaussian with sensitivity 1 and noise 1/mu (mu-GDP)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    pld = pld_lib.from_gaussian_mechanism(standard_deviation=1 / mu, value_discretization_interval=1e-4)
+    return float(pld.get_epsilon_for_delta(delta))
+
+
+@pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-8, 1e-12])
+def test_exact_gaussian_dp_epsilon_is_tight_and_agrees_with_dp_accounting(delta: float) -> None:
+    """The closed form is the exact epsilon: delta(eps) is at most the target there and above it a hair below,
+    and dp-accounting's PLD (an independent computation, pessimistic up to its discretisation) agrees."""
+    for mu in (0.01, 0.05, 0.2681, 0.9249, 1.666, 3.0, 6.0):
+        eps = gdp_epsilon(mu, delta)
+        assert gdp_delta(mu, eps) <= delta * (1 + 1e-12)
+        assert gdp_delta(mu, eps - 1e-6 * max(eps, 1)) > delta
+        assert eps == pytest.approx(_dp_accounting_pld(mu, delta), rel=1e-5, abs=1e-6)
+
+
+def test_exact_gaussian_dp_epsilon_at_the_extremes() -> None:
+    """No overflow where e^eps is beyond a double (mu = 50: eps about 1,300), nothing spent for no noise budget
+    used, and epsilon grows with mu."""
+    big = gdp_epsilon(50.0, 1e-5)
+    assert math.isfinite(big) and 1200 < big < 1500
+    assert gdp_epsilon(0.0, 1e-5) == 0.0
+    values = [gdp_epsilon(mu, 1e-6) for mu in (1e-4, 1e-3, 0.1, 1.0, 10.0)]
+    assert values == sorted(values) and values[0] > 0
+
+
+def test_only_gaussian_schedules_skip_the_pld(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gaussian releases alone (in every group of records) need no PLD; any other kind of release does."""
+    import dpsynth.privacy.accountant as accountant
+
+    built: list[int] = []
+    real = accountant._pld
+    monkeypatch.setattr(accountant, "_pld", lambda events, adjacency: built.append(1) or real(events, adjacency))
+    gaussian = [GaussianEvent(name="v", sensitivity=1.63, sigma=3.5, count=4),
+                GaussianEvent(name="h", sensitivity=1.0, sigma=10.0)]
+    mu = math.sqrt(4 * (1.63 / 3.5) ** 2 + (1.0 / 10.0) ** 2)
+    assert epsilon_tight(gaussian, 1e-5) == pytest.approx(gdp_epsilon(mu, 1e-5), rel=1e-12)
+    assert not built
+    assert primary_accountant(gaussian).startswith("Gaussian DP")
+    mixed = [*gaussian, LaplaceEvent(name="l", sensitivity=1, scale=5.0)]
+    assert epsilon_tight(mixed, 1e-5) > epsilon_tight(gaussian, 1e-5)
+    assert built
+    assert primary_accountant(mixed).startswith("PLD")
+    scoped = [GaussianEvent(name="v", sensitivity=1.0, sigma=3.0),  # every record
+              GaussianEvent(name="w", sensitivity=1.0, sigma=3.0, scope="weak"),
+              SubsampledGaussianEvent(name="s", sampling_rate=0.1, noise_multiplier=1.0, count=10, scope="strong")]
+    assert "Gaussian DP" in primary_accountant(scoped) and primary_accountant(scoped).startswith("PLD")
 
 
 def test_augpe_rdp_overstates() -> None:
     events = vote_events(plan("augpe", 11), 11.797)
-    ratio = epsilon_rdp(events, 1e-5) / epsilon_pld(events, 1e-5)
+    ratio = epsilon_rdp(events, 1e-5) / epsilon_tight(events, 1e-5)
     assert 1.05 < ratio < 1.12
 
 
@@ -179,7 +234,7 @@ def test_calibration_from_a_bad_guess_still_brackets() -> None:
 
 
 def test_no_events_spend_nothing() -> None:
-    assert epsilon_pld([], 1e-5) == 0.0
+    assert epsilon_tight([], 1e-5) == 0.0
     assert epsilon_rdp([], 1e-5) == 0.0
 
 
@@ -191,7 +246,7 @@ def test_every_event_kind_follows_its_stated_sensitivity_convention() -> None:
     here with its convention, or this test fails."""
     import typing
 
-    from dpsynth.privacy.accountant import Adjacency, epsilon_pld
+    from dpsynth.privacy.accountant import Adjacency, epsilon_tight
     from dpsynth.privacy.events import (
         GaussianEvent,
         LaplaceEvent,
@@ -207,7 +262,7 @@ def test_every_event_kind_follows_its_stated_sensitivity_convention() -> None:
     relation_applied = {SubsampledGaussianEvent(name="s", sampling_rate=0.05, noise_multiplier=1.1, count=20)}
     assert {type(e) for e in carries_adjacency | relation_applied} == kinds, "every event kind has a stated convention"
     for event in carries_adjacency:
-        add_remove = epsilon_pld([event], 1e-5, Adjacency.ADD_REMOVE)
-        assert epsilon_pld([event], 1e-5, Adjacency.REPLACE) == pytest.approx(add_remove, rel=1e-6), event.kind
+        add_remove = epsilon_tight([event], 1e-5, Adjacency.ADD_REMOVE)
+        assert epsilon_tight([event], 1e-5, Adjacency.REPLACE) == pytest.approx(add_remove, rel=1e-6), event.kind
     for event in relation_applied:
-        assert epsilon_pld([event], 1e-5, Adjacency.REPLACE) > 1.2 * epsilon_pld([event], 1e-5, Adjacency.ADD_REMOVE)
+        assert epsilon_tight([event], 1e-5, Adjacency.REPLACE) > 1.2 * epsilon_tight([event], 1e-5, Adjacency.ADD_REMOVE)

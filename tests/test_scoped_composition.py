@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dpsynth.errors import DpsynthError
-from dpsynth.privacy.accountant import epsilon_pld, epsilon_rdp, scope_groups
+from dpsynth.privacy.accountant import epsilon_tight, epsilon_rdp, scope_groups
 from dpsynth.privacy.events import GaussianEvent, SubsampledGaussianEvent
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import privacy_report
@@ -31,11 +31,11 @@ def _profile(sigma: float = 8.0) -> GaussianEvent:
 
 def test_epsilon_is_the_largest_group_composition():
     events = [_profile(), _train(1.1), _votes(6.0)]
-    strong = epsilon_pld([_profile(), _train(1.1)], DELTA)
-    weak = epsilon_pld([_profile(), _votes(6.0)], DELTA)
+    strong = epsilon_tight([_profile(), _train(1.1)], DELTA)
+    weak = epsilon_tight([_profile(), _votes(6.0)], DELTA)
     # the unscoped (sequential) composition of the same mechanisms: always larger
-    sequential = epsilon_pld([e.model_copy(update={"scope": "all"}) for e in events], DELTA)
-    assert epsilon_pld(events, DELTA) == pytest.approx(max(strong, weak))
+    sequential = epsilon_tight([e.model_copy(update={"scope": "all"}) for e in events], DELTA)
+    assert epsilon_tight(events, DELTA) == pytest.approx(max(strong, weak))
     assert max(strong, weak) < sequential
     assert epsilon_rdp(events, DELTA) == pytest.approx(max(epsilon_rdp([_profile(), _train(1.1)], DELTA),
                                                            epsilon_rdp([_profile(), _votes(6.0)], DELTA)))
@@ -52,7 +52,7 @@ def test_ledger_refuses_what_one_group_cannot_afford():
     ledger.record(_profile(20.0))
     ledger.record(_votes(2.5))  # the weak group spends ~2.9
     unscoped = [e.model_copy(update={"scope": "all"}) for e in (_profile(20.0), _votes(2.5), _train(2.0))]
-    assert epsilon_pld(unscoped, DELTA) > 4.0  # composed sequentially there would be no room
+    assert epsilon_tight(unscoped, DELTA) > 4.0  # composed sequentially there would be no room
     ledger.record(_train(2.0))  # the strong group composes separately (~3.5), so this fits
     with pytest.raises(DpsynthError, match="budget"):
         ledger.record(_votes(2.5, name="votes2"))
@@ -74,9 +74,9 @@ def test_each_scope_gets_its_own_free_knob_and_spends_exactly_epsilon():
         (Knob("profile_sigma", share=0.25), Knob("z", guess=1.0), Knob("vote_sigma", guess=5.0)))
     knobs = schedule.calibrate(4.0, DELTA)
     profile = GaussianEvent(name="profile", sensitivity=1.0, sigma=knobs["profile_sigma"])
-    assert epsilon_pld([profile], DELTA) == pytest.approx(1.0, rel=1e-3)
-    assert epsilon_pld([profile, _train(knobs["z"])], DELTA) == pytest.approx(4.0, rel=1e-3)
-    assert epsilon_pld([profile, _votes(knobs["vote_sigma"])], DELTA) == pytest.approx(4.0, rel=1e-3)
+    assert epsilon_tight([profile], DELTA) == pytest.approx(1.0, rel=1e-3)
+    assert epsilon_tight([profile, _train(knobs["z"])], DELTA) == pytest.approx(4.0, rel=1e-3)
+    assert epsilon_tight([profile, _votes(knobs["vote_sigma"])], DELTA) == pytest.approx(4.0, rel=1e-3)
 
 
 def test_two_free_knobs_on_the_same_records_are_refused():

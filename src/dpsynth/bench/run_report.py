@@ -79,7 +79,7 @@ def _privacy_plot(history: list[dict], budget: float | None) -> str | None:
     ax.step([p[0] for p in points], [p[1] for p in points], where="post", marker="o", label="epsilon spent")
     if budget is not None:
         ax.axhline(budget, ls="--", color="grey", label=f"budget {budget:g}")
-    return _finish(plt, fig, ax, "iteration", "epsilon (PLD, at the run's delta)")
+    return _finish(plt, fig, ax, "iteration", "epsilon (at the run's delta)")
 
 
 def _samples_plot(history: list[dict]) -> str | None:

@@ -16,7 +16,7 @@ import typer
 
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.registry import method_class, method_names
-from dpsynth.privacy.accountant import Adjacency, epsilon_pld, scope_groups
+from dpsynth.privacy.accountant import Adjacency, epsilon_tight, primary_accountant, scope_groups
 from dpsynth.runs.config import load_config
 from dpsynth.runs.planning import PrivacyPlan, plan_for_method, plan_privacy
 
@@ -105,7 +105,7 @@ def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
         typer.echo(f"{k['name']}: {k['value']:.4f} on {k['releases']} release(s){sens} [{k['how']}] - "
                    f"{k['description']}")
     if vote_sigma is None:
-        typer.echo(f"  (calibrated by bisection on the PLD accountant in {took:.2f}s)")
+        typer.echo(f"  (calibrated by bisection on the accountant in {took:.2g} s)")
     paper = description.get("paper_formula")
     if paper:
         ratio = paper["value"] / knobs[paper["knob"]]
@@ -114,14 +114,16 @@ def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
                    f"paper / tight = {ratio:.2f}x")
     spent = plan.epsilon_of(knobs)
     rdp = plan.epsilon_rdp_of(knobs)
+    events = plan.schedule.events(knobs) if all(v > 0 for v in knobs.values()) else []
+    name = primary_accountant(events, short=True) if events else "PLD"
     reserve = cfg.privacy.delta - plan.accounting_delta
     typer.echo(f"epsilon spent: {spent:.4f} at delta={cfg.privacy.delta:g}"
                + (f" (accountant delta {plan.accounting_delta:g} + SecAgg+ clipping reserve {reserve:.3g})"
                   if reserve else "")
-               + (f" (PLD; RDP cross-check {rdp:.4f})" if rdp is not None else " (PLD)"))
-    groups = scope_groups(plan.schedule.events(knobs)) if all(v > 0 for v in knobs.values()) else {}
+               + (f" ({name}; RDP cross-check {rdp:.4f})" if rdp is not None else f" ({name})"))
+    groups = scope_groups(events) if events else {}
     if len(groups) > 1:
-        per_group = ", ".join(f"{name} {epsilon_pld(events, plan.accounting_delta, cfg.privacy.adjacency):.4f}"
+        per_group = ", ".join(f"{name} {epsilon_tight(events, plan.accounting_delta, cfg.privacy.adjacency):.4f}"
                               for name, events in groups.items())
         typer.echo(f"  per group of records: {per_group} (disjoint groups compose in parallel: each sees the "
                    "releases of all records and its own)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from dpsynth.privacy.accountant import Adjacency, epsilon_pld, gdp_mu_for
+from dpsynth.privacy.accountant import Adjacency, epsilon_tight, gdp_mu_for
 from dpsynth.privacy.events import PrivacyEvent
 
 MIN_NOISE = 0.05
@@ -46,9 +46,9 @@ def calibrate_noise(
         raise CalibrationError(f"target epsilon must be > 0, got {target_epsilon}")
 
     def eps(x: float) -> float:
-        return epsilon_pld([*fixed_events, *make_events(x)], delta, adjacency)
+        return epsilon_tight([*fixed_events, *make_events(x)], delta, adjacency)
 
-    if epsilon_pld(list(fixed_events), delta, adjacency) >= target_epsilon:
+    if epsilon_tight(list(fixed_events), delta, adjacency) >= target_epsilon:
         raise CalibrationError(
             f"the fixed part of the schedule already spends epsilon >= {target_epsilon}; no noise can fit"
         )
@@ -67,7 +67,7 @@ def _bracket(eps: Callable[[float], float], target: float, guess: float, min_noi
     """(lo, hi) with eps(lo) > target >= eps(hi), grown geometrically from a tight window around `guess`.
 
     A good guess (the closed form) brackets the root within +-0.1%, so a
-    Gaussian-only calibration costs a handful of PLD evaluations.
+    calibration costs a handful of evaluations (PLD ones where the schedule is not Gaussian-only).
     """
     step = 1e-3
     if eps(guess) <= target:

@@ -20,12 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import atomic_write_text
-from dpsynth.privacy.accountant import Adjacency, EpsilonReport, account, epsilon_pld
+from dpsynth.privacy.accountant import Adjacency, EpsilonReport, account, epsilon_tight
 from dpsynth.privacy.events import PrivacyEvent
 
 _EVENTS = TypeAdapter(list[PrivacyEvent])
 
-# PLD discretisation is pessimistic; allow for float noise in the comparison only.
+# the accountant is on the private side of the exact value; allow for float noise in the comparison only.
 BUDGET_SLACK = 1e-6
 
 
@@ -93,7 +93,7 @@ class PrivacyLedger:
         return account(self._events, self.delta, self.adjacency)
 
     def epsilon_with(self, extra: Sequence[PrivacyEvent]) -> float:
-        return epsilon_pld([*self._events, *extra], self.delta, self.adjacency)
+        return epsilon_tight([*self._events, *extra], self.delta, self.adjacency)
 
     def record(self, event: PrivacyEvent) -> None:
         """Charge `event`; raises before anything is spent if the budget or uniqueness would break."""

@@ -9,12 +9,11 @@ the same content for the terminal.
 from __future__ import annotations
 
 import math
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from dpsynth.fs import atomic_write_text
-from dpsynth.privacy.accountant import PLD_DISCRETIZATION, epsilon_pld, gaussian_mu, scope_groups
+from dpsynth.privacy.accountant import epsilon_tight, gaussian_mu, primary_accountant, scope_groups
 from dpsynth.privacy.ledger import PrivacyLedger
 
 
@@ -31,13 +30,12 @@ def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, An
         "epsilon_budget": ledger.epsilon_budget if math.isfinite(ledger.epsilon_budget) else None,
         "within_budget": spent.epsilon <= ledger.epsilon_budget * (1 + 1e-6),
         "accountant": {
-            "primary": f"PLD (dp-accounting {version('dp-accounting')}), pessimistic, "
-            f"discretisation {PLD_DISCRETIZATION:g}",
+            "primary": primary_accountant(ledger.events),
             "cross_check": "RDP (dp-accounting), an upper bound",
             "epsilon_rdp": spent.epsilon_rdp if private else None,
             "gaussian_dp_mu": max(gaussian_mu(g) for g in groups.values()) or None,
         },
-        **({"per_scope_epsilon": {s: epsilon_pld(g, ledger.delta, ledger.adjacency) for s, g in groups.items()},
+        **({"per_scope_epsilon": {s: epsilon_tight(g, ledger.delta, ledger.adjacency) for s, g in groups.items()},
             "composition": "parallel over disjoint scopes of records: the run's epsilon is the largest "
                            "group's (each group sees the 'all' events and its own)"}
            if private and len(groups) > 1 else {}),

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dpsynth.errors import DpsynthError
-from dpsynth.privacy.accountant import ALL_RECORDS, Adjacency, epsilon_pld
+from dpsynth.privacy.accountant import ALL_RECORDS, Adjacency, epsilon_tight
 from dpsynth.privacy.calibrate import calibrate_noise
 from dpsynth.privacy.events import PrivacyEvent
 
@@ -143,7 +143,7 @@ class Schedule:
     def epsilon(self, values: dict[str, float], delta: float, adjacency: Adjacency = Adjacency.ADD_REMOVE) -> float:
         if any(values[r.knob] == 0 for r in self.releases):
             return math.inf
-        return epsilon_pld(self.events(values), delta, adjacency)
+        return epsilon_tight(self.events(values), delta, adjacency)
 
     def calibrate(self, epsilon: float, delta: float, adjacency: Adjacency = Adjacency.ADD_REMOVE) -> dict[str, float]:
         """Knob values for (epsilon, delta): fixed as given, shares alone, then the free knob on the whole."""

@@ -20,7 +20,7 @@ import numpy as np
 from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import Embedder
 from dpsynth.finetune.request import AdapterTraining
-from dpsynth.privacy.accountant import epsilon_pld
+from dpsynth.privacy.accountant import epsilon_tight
 from dpsynth.privacy.events import (
     GaussianEvent,
     LaplaceEvent,
@@ -146,7 +146,8 @@ class ReleasingHolder:
         def report(step: int, grad_norm: float) -> None:
             if event is not None and (step - last["step"] >= 10 or step == event.count or step == 1):
                 so_far = event.model_copy(update={"count": step})
-                last.update(step=step, epsilon=epsilon_pld([*before, so_far], self.ledger.delta, self.ledger.adjacency))
+                spent = epsilon_tight([*before, so_far], self.ledger.delta, self.ledger.adjacency)
+                last.update(step=step, epsilon=spent)
             on_step(step, grad_norm, last["epsilon"] if event is not None else float("inf"))
 
         return report
