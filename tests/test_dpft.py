@@ -146,3 +146,38 @@ def test_training_is_reproducible_under_a_seed(tmp_path: Path) -> None:
     other = train_on_records(request.model_copy(update={"init_seed": 4}), texts, labels, noise_multiplier=1.0,
                              seed=7, work_dir=None)
     assert not (other == runs[0]).all()
+
+
+def _progress_calls(step_seconds: float, account_seconds: float, steps: int) -> tuple[list[int], list[float]]:
+    """The steps at which DP-SGD's progress line accounted epsilon, and what it showed after each step, with a
+    clock that each step and each accounting move on by the given seconds."""
+    from dpsynth.private.holder import EpsilonSoFar
+
+    now = [0.0]
+    accounted: list[int] = []
+
+    def account(step: int) -> float:
+        accounted.append(step)
+        now[0] += account_seconds
+        return float(step)
+
+    so_far = EpsilonSoFar(account, steps, clock=lambda: now[0])
+    shown = []
+    for step in range(1, steps + 1):
+        now[0] += step_seconds
+        shown.append(so_far(step))
+    return accounted, shown
+
+
+def test_progress_accounting_keeps_to_its_share_of_the_time() -> None:
+    """Slow steps (a CPU's 1.3 s) are accounted every 10 steps, as before; fast ones (a GPU's 0.05 s beside a
+    0.6 s PLD) only as often as keeps the accounting under 5% of the time (it was 10 times the training); the
+    first and the last step always, and each step shows the latest figure."""
+    slow, shown = _progress_calls(1.3, 0.6, 100)
+    assert slow == [1, *range(11, 100, 10), 100]
+    assert shown[:12] == [1.0] * 10 + [11.0, 11.0]
+    fast, shown = _progress_calls(0.05, 0.6, 1000)
+    assert fast == [1, 229, 457, 686, 915, 1000]  # every 228 steps: 11.4 s of steps to 0.6 s of accounting
+    accounting, training = 0.6 * len(fast), 0.05 * 1000
+    assert accounting / (accounting + training) < 0.07  # 5%, and the first and last step on top
+    assert shown[-1] == 1000.0 and shown == sorted(shown)

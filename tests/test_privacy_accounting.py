@@ -118,7 +118,25 @@ def test_exact_gaussian_dp_epsilon_is_tight_and_agrees_with_dp_accounting(delta:
         eps = gdp_epsilon(mu, delta)
         assert gdp_delta(mu, eps) <= delta * (1 + 1e-12)
         assert gdp_delta(mu, eps - 1e-6 * max(eps, 1)) > delta
-        assert eps == pytest.approx(_dp_accounting_pld(mu, delta), rel=1e-5, abs=1e-6)
+        pld = _dp_accounting_pld(mu, delta)
+        assert eps == pytest.approx(pld, rel=1e-5, abs=1e-6)
+        assert eps <= pld * (1 + 1e-8) + 1e-9  # the PLD is pessimistic: the exact value is not above it
+
+
+# (mu, delta) -> epsilon, solved with mpmath at 80 digits (bisection on the same delta(eps)), to 20 digits
+GDP_REFERENCE = {
+    (1e-6, 1e-12): 4.4248927590894820484e-6,  # a tiny mu: the two normal tails nearly cancel
+    (1e-4, 1e-15): 0.00064222886744660913701,
+    (0.9249, 1e-5): 3.9998461044926409107,
+    (100.0, 1e-15): 5793.1722821645734217,  # e^eps far beyond a double
+}
+
+
+@pytest.mark.parametrize("mu,delta", sorted(GDP_REFERENCE))
+def test_exact_gaussian_dp_epsilon_against_high_precision(mu: float, delta: float) -> None:
+    """Never below the exact epsilon (the private side), and above it by rounding only."""
+    exact = GDP_REFERENCE[(mu, delta)]
+    assert exact <= gdp_epsilon(mu, delta) <= exact * (1 + 1e-7)
 
 
 def test_exact_gaussian_dp_epsilon_at_the_extremes() -> None:
@@ -127,6 +145,7 @@ def test_exact_gaussian_dp_epsilon_at_the_extremes() -> None:
     big = gdp_epsilon(50.0, 1e-5)
     assert math.isfinite(big) and 1200 < big < 1500
     assert gdp_epsilon(0.0, 1e-5) == 0.0
+    assert gdp_epsilon(math.inf, 1e-5) == math.inf
     values = [gdp_epsilon(mu, 1e-6) for mu in (1e-4, 1e-3, 0.1, 1.0, 10.0)]
     assert values == sorted(values) and values[0] > 0
 
@@ -152,6 +171,9 @@ def test_only_gaussian_schedules_skip_the_pld(monkeypatch: pytest.MonkeyPatch) -
               GaussianEvent(name="w", sensitivity=1.0, sigma=3.0, scope="weak"),
               SubsampledGaussianEvent(name="s", sampling_rate=0.1, noise_multiplier=1.0, count=10, scope="strong")]
     assert "Gaussian DP" in primary_accountant(scoped) and primary_accountant(scoped).startswith("PLD")
+    weak = [e for e in scoped if e.scope != "strong"]
+    assert epsilon_tight(scoped, 1e-5) == max(epsilon_tight(weak, 1e-5), epsilon_tight(scoped[:1] + scoped[2:], 1e-5))
+    assert primary_accountant([]).startswith("none")
 
 
 def test_augpe_rdp_overstates() -> None:

@@ -129,9 +129,12 @@ def test_secure_noise_is_opendps_exact_sampler_with_the_accounted_map() -> None:
 
 
 def test_report_lists_everything_and_compares_with_paper() -> None:
-    ledger, sigma = _planned_ledger()
     plan = make_plan("wasp", 5, 8, epsilon=4.0)
     knobs = plan.calibrate()
+    # the votes spend the 4.0 they were calibrated for (exactly, up to the bisection's tolerance); the tiny
+    # pure-DP release outside that schedule needs room of its own, more than its epsilon because the PLD that
+    # composes it with them is pessimistic by up to a grid step (1e-4)
+    ledger = PrivacyLedger(4.0 + 1e-3, 1e-5)
     for event in plan.schedule.events(knobs):
         ledger.record(event)
     ledger.record(PureDpEvent(name="tiny", epsilon=1e-9))
@@ -143,6 +146,7 @@ def test_report_lists_everything_and_compares_with_paper() -> None:
     assert report["paper_formula"]["value"] == pytest.approx(9.690, rel=1e-3)
     assert report["paper_formula"]["epsilon_of_paper_value"] == pytest.approx(1.287, rel=5e-3)
     assert report["accountant"]["epsilon_rdp"] > report["epsilon"]
+    assert report["accountant"]["primary"].startswith("PLD")  # not every release is Gaussian
     text = "\n".join(summary_lines(report))
     assert "9.6896" in text and "NOT FOR RELEASE" in text
 
