@@ -87,6 +87,7 @@ def serve(port: int, ready: mp.Queue, latency: float, texts: list[str], drop: in
                 "usage": {"prompt_tokens": len(body) // 4, "completion_tokens": len(text) // 4,
                           "total_tokens": (len(body) + len(text)) // 4},
             }).encode()
+            answered = time.monotonic()  # before the answer is written: the client may send its next at once
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(answer)))
@@ -94,7 +95,7 @@ def serve(port: int, ready: mp.Queue, latency: float, texts: list[str], drop: in
             self.wfile.write(answer)
             if log is not None:
                 model = MODEL.search(body)
-                line = f"{model.group(1).decode() if model else '?'} {arrived:.6f} {time.monotonic():.6f}\n"
+                line = f"{model.group(1).decode() if model else '?'} {arrived:.6f} {answered:.6f}\n"
                 with log_lock:
                     log.write(line)
 
@@ -249,8 +250,11 @@ def server_view(log_dir: Path, windows: list[tuple[float, float]], concurrency: 
     spans: dict[str, list[tuple[float, float]]] = {}
     for path in log_dir.glob("server-*.txt"):
         for line in path.read_text().splitlines():
-            model, arrived, done = line.split()
-            spans.setdefault(model, []).append((float(arrived), float(done)))
+            fields = line.split()
+            if len(fields) == 3:  # a line being written as the log is read is left out
+                spans.setdefault(fields[0], []).append((float(fields[1]), float(fields[2])))
+    # this cell's generators only: the log holds every cell's requests
+    spans = {m: v for m, v in spans.items() if any(start <= a <= end for a, _ in v for start, end in windows)}
     total = served = first = after = 0.0
     count = 0
     per_model = dict.fromkeys(spans, 0.0)
@@ -421,6 +425,8 @@ def main() -> None:
             with open(server_log / "cells.jsonl", "a") as f:
                 f.write(json.dumps({"k": k, "n": n, "generation_windows": windows}) + "\n")
             v = server_view(server_log, windows, args.concurrency, args.latency)
+            with open(server_log / "views.jsonl", "a") as f:  # kept as it comes, should the run be cut short
+                f.write(json.dumps({"k": k, "n": n, **v}) + "\n")
             if v["requests"]:
                 views.append(f"| {k} | {n} | {v['requests']} | {v['busy']:.3f} | {v['lowest']:.3f} "
                              f"| {v['first_s']:.2f} | {v['turnaround_ms'][0]:.1f} / {v['turnaround_ms'][1]:.1f} "

@@ -43,7 +43,8 @@ run() {
     if ! $py -c 'import dp_accounting, opacus, openai, peft, pydantic' 2>/dev/null; then
         $py -m pip install -q --no-deps --no-index --break-system-packages .whl/*.whl
     fi
-    export PYTHONPATH=$PWD/src DPSYNTH_CACHE=$PWD/.devcache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+    # unbuffered: a benchmark that `timeout` stops still leaves every row it printed
+    export PYTHONPATH=$PWD/src DPSYNTH_CACHE=$PWD/.devcache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
     { nproc; nvidia-smi -L 2>/dev/null || true; $py --version; } > "$out/machine.txt"
     # shellcheck disable=SC2086
     timeout 420 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \

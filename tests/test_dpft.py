@@ -148,9 +148,11 @@ def test_training_is_reproducible_under_a_seed(tmp_path: Path) -> None:
     assert not (other == runs[0]).all()
 
 
-def _progress_calls(step_seconds: float, account_seconds: float, steps: int) -> tuple[list[int], list[float]]:
-    """The steps at which DP-SGD's progress line accounted epsilon, and what it showed after each step, with a
-    clock that each step and each accounting move on by the given seconds."""
+def _progress_calls(step_seconds: float, account_seconds: float, steps: int,
+                    first: int = 1) -> tuple[list[int], list[float]]:
+    """The steps at which DP-SGD's progress line accounted epsilon, and what it showed after each step from
+    `first` on (a resumed release starts later), with a clock that each step and each accounting move on by the
+    given seconds."""
     from dpsynth.private.holder import EpsilonSoFar
 
     now = [0.0]
@@ -163,7 +165,7 @@ def _progress_calls(step_seconds: float, account_seconds: float, steps: int) -> 
 
     so_far = EpsilonSoFar(account, steps, clock=lambda: now[0])
     shown = []
-    for step in range(1, steps + 1):
+    for step in range(first, steps + 1):
         now[0] += step_seconds
         shown.append(so_far(step))
     return accounted, shown
@@ -176,8 +178,10 @@ def test_progress_accounting_keeps_to_its_share_of_the_time() -> None:
     slow, shown = _progress_calls(1.3, 0.6, 100)
     assert slow == [1, *range(11, 100, 10), 100]
     assert shown[:12] == [1.0] * 10 + [11.0, 11.0]
-    fast, shown = _progress_calls(0.05, 0.6, 1000)
-    assert fast == [1, 229, 457, 686, 915, 1000]  # every 228 steps: 11.4 s of steps to 0.6 s of accounting
-    accounting, training = 0.6 * len(fast), 0.05 * 1000
+    fast, shown = _progress_calls(0.05, 0.57, 1000)
+    assert fast == [1, 218, 435, 652, 869, 1000]  # every 217 steps: 10.85 s of steps to 0.57 s of accounting
+    accounting, training = 0.57 * len(fast), 0.05 * 1000
     assert accounting / (accounting + training) < 0.07  # 5%, and the first and last step on top
     assert shown[-1] == 1000.0 and shown == sorted(shown)
+    resumed, shown = _progress_calls(1.3, 0.6, 40, first=7)  # a release resumed from its checkpoint at step 7
+    assert resumed == [7, 17, 27, 37, 40] and shown[0] == 7.0

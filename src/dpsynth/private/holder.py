@@ -163,10 +163,10 @@ class ReleasingHolder:
 class EpsilonSoFar:
     """The run's epsilon after each step of a DP-SGD release, for its progress line. Accounting the steps so far
     is a PLD of a subsampled Gaussian, 0.5-1.5 s on this machine: every 10 steps, as before, that was 5% of a
-    CPU's training (about 1.3 s a step) but ten times a GPU's (0.05 s a step). So it is accounted at the first and
-    the last step, and between them at most every 10 steps and only once the steps since the last accounting took
-    at least (1 - ACCOUNTING_SHARE) / ACCOUNTING_SHARE times as long as that accounting did; the steps between
-    show the last figure."""
+    CPU's training (about 1.3 s a step) but ten times a GPU's (0.05 s a step). So it is accounted at the first step
+    reported (the first of the release, or of a resumed one) and the last, and between them at most every 10 steps
+    and only once the steps since the last accounting took at least (1 - ACCOUNTING_SHARE) / ACCOUNTING_SHARE
+    times as long as that accounting did; the steps between show the last figure."""
 
     def __init__(self, account: Callable[[int], float], total: int,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -175,7 +175,7 @@ class EpsilonSoFar:
 
     def __call__(self, step: int) -> float:
         due = step - self._step >= 10 and self._clock() - self._since >= self._cost * (1 / ACCOUNTING_SHARE - 1)
-        if step in (1, self._total) or due:
+        if self._step == 0 or step == self._total or due:
             start = self._clock()
             self._step, self._epsilon = step, self._account(step)
             self._since = self._clock()
