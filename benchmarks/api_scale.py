@@ -283,7 +283,8 @@ def server_view(log_dir: Path, windows: list[tuple[float, float]], concurrency: 
     return {"requests": count, "busy": served / (slots * total),
             "lowest": min(per_model.values()) / (concurrency * total),
             "first_s": first, "after_s": after,
-            "turnaround_ms": (float(np.median(gap)) * 1e3, float(gap.mean()) * 1e3) if len(gap) else (0.0, 0.0),
+            # none where no generator had more requests in a window than slots (nothing waited for a slot)
+            "turnaround_ms": (float(np.median(gap)) * 1e3, float(gap.mean()) * 1e3) if len(gap) else None,
             "served_ms": (served / count - latency) * 1e3}
 
 
@@ -428,8 +429,9 @@ def main() -> None:
             with open(server_log / "views.jsonl", "a") as f:  # kept as it comes, should the run be cut short
                 f.write(json.dumps({"k": k, "n": n, **v}) + "\n")
             if v["requests"]:
+                turnaround = "{:.1f} / {:.1f}".format(*v["turnaround_ms"]) if v["turnaround_ms"] else "-"
                 views.append(f"| {k} | {n} | {v['requests']} | {v['busy']:.3f} | {v['lowest']:.3f} "
-                             f"| {v['first_s']:.2f} | {v['turnaround_ms'][0]:.1f} / {v['turnaround_ms'][1]:.1f} "
+                             f"| {v['first_s']:.2f} | {turnaround} "
                              f"| {v['after_s']:.2f} | {v['served_ms']:.1f} |")
     if views:
         print("\nThe server's view (its request log; generation windows only): the share of the generators' slots "
