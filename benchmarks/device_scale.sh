@@ -8,8 +8,8 @@
 #     run(command="bash benchmarks/device_scale.sh run", timeout_s=590,
 #         carry=[".whl", ".devmodel/minilm", ".devcache/corpora"])
 # The tables come back in $OUT: api_scale.txt (generation against the latency bound and an ideal client's time,
-# per K and N, and the server's view: how full the client kept its slots), server-log/ (the server's request log
-# and the cells' generation windows), generation_overhead.txt (the run's own time against an ideal endpoint on this
+# per K and N, and the server's view: how full the client kept its slots), server-log/ (the server's request log,
+# the cells' generation windows, and each cell's view in views.jsonl), generation_overhead.txt (the run's own time against an ideal endpoint on this
 # machine's CPU, requests in blocks against one call a batch), switch_interval.txt (K=6, N=9,600 again with a 0.5 ms
 # switch interval), machine.txt.
 # A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
