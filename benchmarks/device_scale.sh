@@ -47,7 +47,7 @@ run() {
     export PYTHONPATH=$PWD/src DPSYNTH_CACHE=$PWD/.devcache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
     { nproc; nvidia-smi -L 2>/dev/null || true; $py --version; } > "$out/machine.txt"
     # shellcheck disable=SC2086
-    timeout 420 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+    timeout 410 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k ${KS:-6 2} --n ${NS:-600 2400 9600 38400} --processes 2 --server-processes 4 \
         --server-log "$out/server-log" 2>&1 \
         | grep -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
@@ -55,7 +55,7 @@ run() {
     timeout 75 $py benchmarks/generation_overhead.py --repeats 1 2>&1 | tee "$out/generation_overhead.txt" || true
     # one cell again with a 0.5 ms switch interval (Python's default: 5 ms) in the run and its request processes: does
     # a thread handing an answer on wait for the interpreter lock? (the same cell of the curve above is the control)
-    timeout 75 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+    timeout 90 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k 6 --n "${SWITCH_N:-9600}" --processes 2 --server-processes 4 --switch-interval 0.0005 2>&1 \
         | grep -v -E 'Loading weights|it/s\]' | tee "$out/switch_interval.txt" || true
 }
