@@ -115,12 +115,12 @@ def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
     spent = plan.epsilon_of(knobs)
     rdp = plan.epsilon_rdp_of(knobs)
     events = plan.schedule.events(knobs) if all(v > 0 for v in knobs.values()) else []
-    name = primary_accountant(events, short=True) if events else "PLD"
+    accountant = primary_accountant(events, short=True) if events else "PLD"
     reserve = cfg.privacy.delta - plan.accounting_delta
     typer.echo(f"epsilon spent: {spent:.4f} at delta={cfg.privacy.delta:g}"
                + (f" (accountant delta {plan.accounting_delta:g} + SecAgg+ clipping reserve {reserve:.3g})"
                   if reserve else "")
-               + (f" ({name}; RDP cross-check {rdp:.4f})" if rdp is not None else f" ({name})"))
+               + (f" ({accountant}; RDP cross-check {rdp:.4f})" if rdp is not None else f" ({accountant})"))
     groups = scope_groups(events) if events else {}
     if len(groups) > 1:
         per_group = ", ".join(f"{name} {epsilon_tight(events, plan.accounting_delta, cfg.privacy.adjacency):.4f}"
