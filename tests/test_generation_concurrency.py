@@ -224,6 +224,35 @@ def test_blocks_are_the_plans_requests_once_each_in_growing_prefixes() -> None:
     assert [[(label, r) for label, _, r in b] for b in _blocks(plan, lambda p: make(p, 0, True), None)] == [whole]
 
 
+def test_blocks_build_each_request_once() -> None:
+    """Each block builds only the requests after the last block's (rebuilding each prefix doubled the building
+    that competes with the answers for the interpreter lock)."""
+    from dpsynth.methods.generation import _blocks
+
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+    built: list[int] = []
+
+    def make(plan: GenerationPlan) -> list:
+        out = zero_shot(plan, 0, True)
+        built.append(len(out))
+        return out
+
+    blocks = list(_blocks(GenerationPlan("a", {"positive": 640, "negative": 640}), make, 64))
+    assert built == [len(b) for b in blocks] == [64, 192, 768, 256] and sum(built) == 1280
+
+
+def test_a_request_maker_that_ignores_the_plans_start_is_refused() -> None:
+    from dpsynth.methods.generation import _blocks
+
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+
+    def whole_prefix(plan: GenerationPlan) -> list:  # builds from index 0 whatever plan.start says
+        return zero_shot(GenerationPlan(plan.plm, plan.per_label), 0, True)
+
+    with pytest.raises(ValueError, match="GenerationPlan.indices"):
+        list(_blocks(GenerationPlan("a", {"positive": 10, "negative": 7}), whole_prefix, 3))
+
+
 class _Blocked:
     """An API generator that says it has `max_concurrency` requests in flight, answering at once; `first_call`:
     set when the first call arrives."""

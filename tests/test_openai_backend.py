@@ -659,7 +659,7 @@ def test_a_run_s_blocks_stop_together_when_a_request_gives_up_and_every_answer_i
     def make(plan: GenerationPlan, attempt: int, chat: bool) -> list:
         return [(label, GenerationRequest(messages=(("user", "refused" if (label, j) == ("positive", 1)
                                                      else f"{label} review number {j} of attempt {attempt}"),)))
-                for label, count in plan.per_label.items() for j in range(count)]
+                for label, j in plan.indices()]
 
     with _echo_server(delay=0.02) as url:
         gen = CachedGenerator(OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4),
@@ -693,7 +693,7 @@ def test_an_interrupted_run_stops_sending_and_keeps_what_came_back(tmp_path: Pat
 
     def make(plan: GenerationPlan, attempt: int, chat: bool) -> list:
         return [(label, GenerationRequest(messages=(("user", f"{plan.plm} {label} review {j}"),)))
-                for label, count in plan.per_label.items() for j in range(count)]
+                for label, j in plan.indices()]
 
     cache = RequestCache(tmp_path / "requests.sqlite")
     with _echo_server(delay=0.05) as url:

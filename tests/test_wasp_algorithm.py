@@ -79,6 +79,19 @@ def test_contrastive_prompts_mix_good_and_bad(chat: bool) -> None:
     assert len({r.seed for _, r in pairs}) == 3
 
 
+def test_a_plans_start_builds_the_same_requests_as_the_whole_plan_from_there() -> None:
+    """Requests are built in blocks (`GenerationPlan.start`): a request depends on its index, not on the block."""
+    state = _state_with_selection()
+
+    def build(plan: GenerationPlan) -> list:
+        return build_requests(plan, t=1, attempt=0, seed=0, task=TASK, chat=True, state=state, s=4,
+                              contrastive=True, samples_per_prompt=2, settings=PromptSettings())
+
+    whole = build(GenerationPlan("a", {"positive": 7, "negative": 5}))
+    tail = build(GenerationPlan("a", {"positive": 7, "negative": 5}, start={"positive": 3, "negative": 5}))
+    assert tail == whole[3:7]
+
+
 def test_non_contrastive_and_zero_shot() -> None:
     state = _state_with_selection()
     pairs = build_requests(GenerationPlan("a", {"positive": 2}), t=1, attempt=0, seed=0, task=TASK, chat=True,

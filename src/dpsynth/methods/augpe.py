@@ -152,13 +152,12 @@ class AugPE(Method[AugPEOptions, AugPEState]):
 
             def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
                 out = []
-                for label, count in plan.per_label.items():
-                    for j in range(count):
-                        parent = parents[label][(j + attempt * 7) % len(parents[label])]
-                        kind = a.variation if a.variation != "mixed" else ("paraphrase", "fill_blank")[j % 2]
-                        out.append((label, build_variation_request(
-                            task, label, parent.text, chat=chat, kind=kind, fill_ratio=a.fill_ratio,
-                            settings=settings, rng_seed=request_seed(seed, "variation", t, label, attempt, j))))
+                for label, j in plan.indices():
+                    parent = parents[label][(j + attempt * 7) % len(parents[label])]
+                    kind = a.variation if a.variation != "mixed" else ("paraphrase", "fill_blank")[j % 2]
+                    out.append((label, build_variation_request(
+                        task, label, parent.text, chat=chat, kind=kind, fill_ratio=a.fill_ratio,
+                        settings=settings, rng_seed=request_seed(seed, "variation", t, label, attempt, j))))
                 return out
 
         t0 = time.perf_counter()

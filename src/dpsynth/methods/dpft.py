@@ -180,7 +180,7 @@ def sample_from_adapter(ctx: StepContext, request: AdapterTraining, adapter: np.
         return [(label, GenerationRequest(prompt=request.prompts[label], max_tokens=settings.max_tokens,
                                           temperature=settings.temperature, top_p=settings.top_p, stop=("\n",),
                                           seed=request_seed(seed, tag, label, attempt, j)))
-                for label, count in plan.per_label.items() for j in range(count)]
+                for label, j in plan.indices()]
 
     t0 = time.perf_counter()
     samples, stats = generate_samples(t, plans=plan_counts(n, {generator.name: 1.0}, ctx.label_shares),

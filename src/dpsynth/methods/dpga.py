@@ -272,26 +272,25 @@ class DPGA(Method[DPGAOptions, DPGAState]):
             out = []
             names = list(operators)
             probs = np.array([operators[k] for k in names]) / sum(operators.values())
-            for label, n_label in plan.per_label.items():
+            for label, j in plan.indices():
                 parents = elites.get(label) or []
-                for j in range(n_label):
-                    rng = np.random.default_rng(request_seed(seed, "dpga", t, plan.plm, label, attempt, j))
-                    op = names[int(rng.choice(len(names), p=probs))] if parents else "generate"
-                    s = request_seed(seed, "dpga.sample", t, plan.plm, label, attempt, j)
-                    if op in ("paraphrase", "fill_blank"):
-                        parent = parents[int(rng.integers(len(parents)))].text
-                        request = build_variation_request(task, label, parent, chat=chat, kind=op, rng_seed=s,
-                                                          fill_ratio=o.fill_ratio, settings=settings)
-                    elif op == "crossover":
-                        a, b = rng.choice(len(parents), size=2, replace=len(parents) < 2)
-                        request = build_dpga_request(task, label, "crossover", chat=chat, seed=s, settings=settings,
-                                                     first=parents[a].text, second=parents[b].text,
-                                                     words=self._words(state, rng))
-                    else:
-                        request = build_dpga_request(task, label, "generate", chat=chat, seed=s, settings=settings,
-                                                     keyword=self._keyword(state, label, rng),
-                                                     words=self._words(state, rng))
-                    out.append((label, request))
+                rng = np.random.default_rng(request_seed(seed, "dpga", t, plan.plm, label, attempt, j))
+                op = names[int(rng.choice(len(names), p=probs))] if parents else "generate"
+                s = request_seed(seed, "dpga.sample", t, plan.plm, label, attempt, j)
+                if op in ("paraphrase", "fill_blank"):
+                    parent = parents[int(rng.integers(len(parents)))].text
+                    request = build_variation_request(task, label, parent, chat=chat, kind=op, rng_seed=s,
+                                                      fill_ratio=o.fill_ratio, settings=settings)
+                elif op == "crossover":
+                    a, b = rng.choice(len(parents), size=2, replace=len(parents) < 2)
+                    request = build_dpga_request(task, label, "crossover", chat=chat, seed=s, settings=settings,
+                                                 first=parents[a].text, second=parents[b].text,
+                                                 words=self._words(state, rng))
+                else:
+                    request = build_dpga_request(task, label, "generate", chat=chat, seed=s, settings=settings,
+                                                 keyword=self._keyword(state, label, rng),
+                                                 words=self._words(state, rng))
+                out.append((label, request))
             return out
 
         t0 = time.perf_counter()

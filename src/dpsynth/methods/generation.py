@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,10 +43,20 @@ def sample_weights(samples: Sequence[SyntheticSample]) -> np.ndarray | None:
 
 @dataclass
 class GenerationPlan:
-    """What one PLM writes in one iteration: label -> count."""
+    """What one PLM writes in one iteration: label -> count. `start` (label -> index): the requests of a label
+    before that index are not wanted (an earlier block built them, `_blocks`); a request maker builds the j-th
+    request of a label for j in `indices()` only, and a request depends on its index, never on which others are
+    built."""
 
     plm: str
     per_label: dict[str, int]
+    start: dict[str, int] = field(default_factory=dict)
+
+    def indices(self) -> Iterator[tuple[str, int]]:
+        """(label, j) of the requests to build, in plan order."""
+        for label, count in self.per_label.items():
+            for j in range(self.start.get(label, 0), count):
+                yield label, j
 
 
 RequestMaker = Callable[[GenerationPlan, int, bool], list[tuple[str, GenerationRequest]]]
@@ -93,8 +103,7 @@ def shared_example_requests(task: TaskSpec, settings: PromptSettings, examples: 
         return [
             (label, build_request(task, label, chat=chat, good=examples, settings=settings, templates=templates,
                                   seed=request_seed(*seed_parts, plan.plm, label, attempt, j)))
-            for label, count in plan.per_label.items()
-            for j in range(count)
+            for label, j in plan.indices()
         ]
 
     return make
@@ -178,23 +187,25 @@ def _blocks(plan: GenerationPlan, make: Callable[[GenerationPlan], list[tuple[st
             first: int | None) -> Iterator[list[tuple[str, int, GenerationRequest]]]:
     """`plan`'s requests as (label, j: the index among its label's, request), in blocks: about `first` of them in
     all (each label in proportion), then `BLOCK_GROWTH` times as many in all each time; `first=None`: one block.
-    Each block is made from a plan of a prefix of every label's requests (a request depends on its index, not on
-    how many are asked), so the first round goes out before the rest is built: building and looking up a request
-    costs 50-80 us of this process's CPU, which at the WASP paper's scale (7,680 requests an iteration) kept every
-    generator waiting half a second an iteration."""
+    Each block is made from a plan of the next indices of every label's requests (`GenerationPlan.start`: a request
+    depends on its index, not on how many are asked), so the first round goes out before the rest is built, and no
+    request is built twice: building and looking up a request costs 50-80 us of this process's CPU, which at the
+    WASP paper's scale (7,680 requests an iteration) kept every generator waiting half a second an iteration, and
+    rebuilding each block's prefix (as before) doubled the building that competes with the answers for the
+    interpreter lock early in an iteration (on a 16-core machine, generators then stood idle for 100-300 ms)."""
     total = sum(plan.per_label.values())
     done = dict.fromkeys(plan.per_label, 0)
     upto = total if first is None else first
     while True:
         share = min(1.0, upto / total) if total else 1.0
         prefix = {label: min(count, math.ceil(count * share)) for label, count in plan.per_label.items()}
-        index = dict.fromkeys(plan.per_label, 0)
-        block = []
-        for label, request in make(GenerationPlan(plan.plm, prefix)):
-            j = index[label]
-            index[label] = j + 1
-            if j >= done[label]:
-                block.append((label, j, request))
+        part = GenerationPlan(plan.plm, prefix, start=done)
+        indices = list(part.indices())
+        built = make(part)
+        if len(built) != len(indices):
+            raise ValueError(f"a request maker built {len(built)} requests for {len(indices)} wanted: it must build "
+                             "the j-th request of a label for j in GenerationPlan.indices() only")
+        block = [(label, j, request) for (label, j), (_, request) in zip(indices, built)]
         done = prefix
         yield block
         if share >= 1.0:
@@ -385,8 +396,8 @@ class _Replacements:
         made = self.built.setdefault((plm, label, attempt), [])
         if j >= len(made):
             count = max(j + 1, 2 * len(made), 4)
-            made[:] = [r for _, r in self.make_requests(GenerationPlan(plm, {label: count}), attempt,
-                                                         self.generators[plm].chat)]
+            made.extend(r for _, r in self.make_requests(GenerationPlan(plm, {label: count}, start={label: len(made)}),
+                                                         attempt, self.generators[plm].chat))
         return made[j]
 
     def send(self, plm: str) -> None:

@@ -140,21 +140,20 @@ def build_requests(
     if texts is None:
         texts = selected_texts(state) if t > 0 else {}
     out: list[tuple[str, GenerationRequest]] = []
-    for label, count in plan.per_label.items():
-        for j in range(count):
-            prompt_no = j // samples_per_prompt
-            rng = np.random.default_rng(request_seed(seed, "examples", t, plan.plm, label, attempt, prompt_no))
-            good: list[str] = []
-            bad: list[str] = []
-            if t > 0:
-                n_bad = s // 2 if contrastive else 0
-                good = [texts[i] for i in rng.permutation(state.good.get(label, []))[: s - n_bad]]
-                bad = [texts[i] for i in rng.permutation(state.bad.get(label, []))[:n_bad]]
-            request = build_request(
-                task, label, chat=chat, good=good, bad=bad, settings=settings,
-                seed=request_seed(seed, "sample", t, plan.plm, label, attempt, j),
-            )
-            out.append((label, request))
+    for label, j in plan.indices():
+        prompt_no = j // samples_per_prompt
+        rng = np.random.default_rng(request_seed(seed, "examples", t, plan.plm, label, attempt, prompt_no))
+        good: list[str] = []
+        bad: list[str] = []
+        if t > 0:
+            n_bad = s // 2 if contrastive else 0
+            good = [texts[i] for i in rng.permutation(state.good.get(label, []))[: s - n_bad]]
+            bad = [texts[i] for i in rng.permutation(state.bad.get(label, []))[:n_bad]]
+        request = build_request(
+            task, label, chat=chat, good=good, bad=bad, settings=settings,
+            seed=request_seed(seed, "sample", t, plan.plm, label, attempt, j),
+        )
+        out.append((label, request))
     return out
 
 
