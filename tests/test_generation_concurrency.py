@@ -290,3 +290,32 @@ def test_the_first_round_goes_out_before_the_rest_is_built(tmp_path: Path) -> No
                                   generators={"p": CachedGenerator(backend, RequestCache(tmp_path / "c.sqlite"))},
                                   existing=[], max_attempts=1, make_requests=make)
     assert before_first_call == [False] and backend.calls == [4, 12, 48, 136] and len(samples) == 200
+
+
+def test_a_generation_leaves_earlier_objects_out_of_full_collections_and_gives_them_back(tmp_path: Path) -> None:
+    """A full collection during a generation scans only what the generation made (a whole-heap one held the
+    interpreter lock 150-190 ms in benchmarks/generation_overhead.py); afterwards, and after a failure, nothing
+    stays frozen."""
+    import gc
+
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+    frozen_while_building: list[int] = []
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool):
+        frozen_while_building.append(gc.get_freeze_count())
+        return zero_shot(plan, attempt, chat)
+
+    before = gc.get_freeze_count()
+    generate_samples(0, plans=[GenerationPlan("p", {"positive": 3, "negative": 3})],
+                     generators={"p": CachedGenerator(_Blocked(2), RequestCache(tmp_path / "c.sqlite"))},
+                     existing=[], max_attempts=1, make_requests=make)
+    assert frozen_while_building and min(frozen_while_building) > 0 and gc.get_freeze_count() == before
+
+    def broken(plan: GenerationPlan, attempt: int, chat: bool):
+        raise RuntimeError("no prompts today")
+
+    with pytest.raises(RuntimeError, match="no prompts today"):
+        generate_samples(0, plans=[GenerationPlan("p", {"positive": 3})],
+                         generators={"p": CachedGenerator(_Blocked(2), RequestCache(tmp_path / "d.sqlite"))},
+                         existing=[], max_attempts=1, make_requests=broken)
+    assert gc.get_freeze_count() == before

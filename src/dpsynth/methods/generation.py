@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import math
 import threading
@@ -10,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,6 +128,37 @@ def generate_samples(
     de-duplicated in plan order afterwards, so the samples do not depend on which server answered first. With
     API generators the replacements of dropped answers are asked while the first batch is still in flight
     (`_Replacements`): the same requests as the attempts after it would send, a round of latency sooner."""
+    with _earlier_objects_frozen():
+        return _generate_samples(t, plans=plans, generators=generators, existing=existing, make_requests=make_requests,
+                                 max_attempts=max_attempts, on_progress=on_progress)
+
+
+@contextmanager
+def _earlier_objects_frozen() -> Iterator[None]:
+    """The objects alive before a generation (the models, the samples so far, the caches: millions once torch is
+    loaded) are left out of the garbage collector's full collections while it runs (`gc.freeze`), and given back
+    after (`gc.unfreeze`: nothing is kept from being collected for longer than the generation). Why: a full
+    collection scans the whole heap holding the interpreter lock, so no answer is routed and no request sent
+    meanwhile: in `benchmarks/generation_overhead.py` (K=6, 7,680 requests) three fell inside the generations,
+    153-191 ms each; with the freeze they take 3-10 ms (docs/scale.md)."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _generate_samples(
+    t: int,
+    *,
+    plans: Sequence[GenerationPlan],
+    generators: dict[str, CachedGenerator],
+    existing: Sequence[SyntheticSample],
+    make_requests: RequestMaker,
+    max_attempts: int,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[list[SyntheticSample], dict[str, dict]]:
+    """`generate_samples` itself, inside `_earlier_objects_frozen`."""
     seen = {(x.label, x.text.lower()) for x in existing}
     kept: dict[str, list[tuple[str, str]]] = {p.plm: [] for p in plans}
     cleaning = {p.plm: CleaningStats() for p in plans}
