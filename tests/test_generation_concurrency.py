@@ -14,6 +14,7 @@ from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
 from dpsynth.llm.cache import CachedGenerator, RequestCache
 from dpsynth.methods.generation import GenerationPlan, generate_samples, zero_shot_requests
 from dpsynth.prompts.builder import PromptSettings
+from dpsynth.prompts.cleaning import clean_generation
 from tests.test_fusegen import TASK
 
 
@@ -319,3 +320,97 @@ def test_a_generation_leaves_earlier_objects_out_of_full_collections_and_gives_t
                          generators={"p": CachedGenerator(_Blocked(2), RequestCache(tmp_path / "d.sqlite"))},
                          existing=[], max_attempts=1, make_requests=broken)
     assert gc.get_freeze_count() == before
+
+
+def _generate_beside(tmp_path: Path, name: str, make) -> None:
+    generate_samples(0, plans=[GenerationPlan("p", {"positive": 3, "negative": 3})],
+                     generators={"p": CachedGenerator(_Blocked(2), RequestCache(tmp_path / f"{name}.sqlite"))},
+                     existing=[], max_attempts=1, make_requests=make)
+
+
+def test_a_generation_leaves_a_freeze_made_before_it_alone(tmp_path: Path) -> None:
+    """gc.unfreeze has no nesting: a generation that froze and unfroze blindly undid a host application's freeze."""
+    import gc
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        _generate_beside(tmp_path, "a", zero_shot_requests(TASK, PromptSettings(), 0, "t"))
+        assert gc.get_freeze_count() >= frozen > 0
+    finally:
+        gc.unfreeze()
+
+
+def test_generations_side_by_side_share_the_freeze_until_the_last_ends(tmp_path: Path) -> None:
+    import gc
+
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+    a_in, b_done, frozen_after_b = threading.Event(), threading.Event(), []
+
+    def a_make(plan, attempt, chat):
+        if not a_in.is_set():
+            a_in.set()
+            assert b_done.wait(10)
+            frozen_after_b.append(gc.get_freeze_count())
+        return zero_shot(plan, attempt, chat)
+
+    a = threading.Thread(target=_generate_beside, args=(tmp_path, "a", a_make))
+    a.start()
+    assert a_in.wait(10)
+    _generate_beside(tmp_path, "b", zero_shot)
+    b_done.set()
+    a.join(10)
+    assert frozen_after_b and frozen_after_b[0] > 0 and gc.get_freeze_count() == 0
+
+
+def test_early_replacements_refuse_a_maker_that_ignores_the_plans_start() -> None:
+    """The replacements' requests are built in growing parts too; a maker that builds from 0 whatever the part's
+    start would have given the j-th replacement another request's prompt."""
+    from types import SimpleNamespace
+
+    from dpsynth.methods.generation import _Progress, _Replacements
+
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+
+    def whole_prefix(plan: GenerationPlan, attempt: int, chat: bool) -> list:
+        return zero_shot(GenerationPlan(plan.plm, plan.per_label), attempt, chat)
+
+    for maker, ok in ((zero_shot, True), (whole_prefix, False)):
+        replacements = _Replacements([GenerationPlan("p", {"positive": 10})], {"p": SimpleNamespace(chat=True)},
+                                     set(), maker, 3, _Progress({"p": 10}, None), clean_generation)
+        try:
+            if ok:
+                got = [replacements.request("p", "positive", 1, j).seed for j in range(6)]
+                assert got == [r.seed for _, r in zero_shot(GenerationPlan("p", {"positive": 6}), 1, True)]
+            else:
+                with pytest.raises(ValueError, match="GenerationPlan.indices"):
+                    [replacements.request("p", "positive", 1, j) for j in range(6)]
+        finally:
+            replacements.pool.shutdown()
+
+
+def test_plms_build_their_blocks_one_at_a_time_every_first_block_first(tmp_path: Path) -> None:
+    """Building holds the interpreter lock: PLMs building side by side only delayed each other's first requests."""
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+    order: list[tuple[str, bool]] = []  # (plm, a first block)
+    building = [0]
+    overlapped = []
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool):
+        building[0] += 1
+        overlapped.append(building[0] > 1)
+        if attempt == 0:
+            order.append((plan.plm, not any(plan.start.values())))
+        time.sleep(0.002)  # long enough for another PLM's thread to try building meanwhile
+        out = zero_shot(plan, attempt, chat)
+        building[0] -= 1
+        return out
+
+    cache = RequestCache(tmp_path / "c.sqlite")
+    plms = ("a", "b", "c", "d")
+    generate_samples(0, plans=[GenerationPlan(p, {"positive": 20, "negative": 20}) for p in plms],
+                     generators={p: CachedGenerator(_Blocked(4), cache) for p in plms},
+                     existing=[], max_attempts=1, make_requests=make)
+    firsts = [first for _, first in order]
+    assert sorted(p for p, first in order if first) == sorted(plms) and firsts[:len(plms)] == [True] * len(plms)
+    assert not any(overlapped)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
+import heapq
+import itertools
 import math
 import threading
 import time
@@ -133,19 +135,39 @@ def generate_samples(
                                  max_attempts=max_attempts, on_progress=on_progress)
 
 
+_freezing = threading.Lock()
+_generations = 0  # generations running (in any thread); the first one in freezes, the last one out unfreezes
+_froze = False  # whether the running generations froze the heap themselves (not when something else had)
+
+
 @contextmanager
 def _earlier_objects_frozen() -> Iterator[None]:
     """The objects alive before a generation (the models, the samples so far, the caches: millions once torch is
     loaded) are left out of the garbage collector's full collections while it runs (`gc.freeze`), and given back
-    after (`gc.unfreeze`: nothing is kept from being collected for longer than the generation). Why: a full
-    collection scans the whole heap holding the interpreter lock, so no answer is routed and no request sent
-    meanwhile: in `benchmarks/generation_overhead.py` (K=6, 7,680 requests) three fell inside the generations,
-    153-191 ms each; with the freeze they take 3-10 ms (docs/scale.md)."""
-    gc.freeze()
+    when the last generation running ends (`gc.unfreeze`). Why: a full collection scans the whole heap holding the
+    interpreter lock, so no answer is routed and no request sent meanwhile: in `benchmarks/generation_overhead.py`
+    (K=6, 7,680 requests) three fell inside the generations, 153-191 ms each; with the freeze they take 3-10 ms
+    (docs/scale.md). The pause is moved, not removed: after the unfreeze the next full collection scans the whole
+    heap again (between generations, where nothing waits on it), and cyclic garbage among the frozen objects is
+    freed then. Generations side by side (threads) share one freeze, and a freeze made by someone else before
+    (a host application's, before it forks) is left alone: `gc.unfreeze` has no nesting of its own."""
+    global _generations, _froze
+    entered = False
     try:
+        with _freezing:
+            if _generations == 0:
+                _froze = gc.get_freeze_count() == 0
+                if _froze:
+                    gc.freeze()
+            _generations += 1
+            entered = True
         yield
     finally:
-        gc.unfreeze()
+        if entered:
+            with _freezing:
+                _generations -= 1
+                if _generations == 0 and _froze:
+                    gc.unfreeze()
 
 
 def _generate_samples(
@@ -233,17 +255,26 @@ def _blocks(plan: GenerationPlan, make: Callable[[GenerationPlan], list[tuple[st
         share = min(1.0, upto / total) if total else 1.0
         prefix = {label: min(count, math.ceil(count * share)) for label, count in plan.per_label.items()}
         part = GenerationPlan(plan.plm, prefix, start=done)
-        indices = list(part.indices())
-        built = make(part)
-        if len(built) != len(indices):
-            raise ValueError(f"a request maker built {len(built)} requests for {len(indices)} wanted: it must build "
-                             "the j-th request of a label for j in GenerationPlan.indices() only")
-        block = [(label, j, request) for (label, j), (_, request) in zip(indices, built)]
+        block = [(label, j, request) for (label, j), request in _build(make, part)]
         done = prefix
         yield block
         if share >= 1.0:
             return
         upto *= BLOCK_GROWTH
+
+
+def _build(make: Callable[[GenerationPlan], list[tuple[str, GenerationRequest]]],
+           part: GenerationPlan) -> list[tuple[tuple[str, int], GenerationRequest]]:
+    """((label, j), request) for each of `part.indices()`, made by `make`, which must build exactly those, in their
+    order (a maker that builds a label's requests from 0 whatever `part.start` says would ask some twice and file
+    answers under the wrong index)."""
+    indices = list(part.indices())
+    built = make(part)
+    if len(built) != len(indices) or any(label != want for (label, _), (want, _) in zip(built, indices)):
+        raise ValueError(f"a request maker built {len(built)} requests for {len(indices)} wanted, or in another label "
+                         "order: it must build the j-th request of a label for j in GenerationPlan.indices() only, "
+                         "in that order")
+    return [(index, request) for index, (_, request) in zip(indices, built)]
 
 
 def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], list[tuple[str, GenerationRequest]]],
@@ -260,12 +291,18 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
     `known(plm)` (replacements answered early) are not asked again; `listen(plm, label, j, result)` hears each
     answer to the j-th request of a label as it arrives."""
     side_by_side = len(plans) > 1 and all(generators[plm].remote for plm in plans)
+    turns = _BuildTurns()
 
     def ask(plm: str) -> list[tuple[str, GenerationResult]]:
         generator, plan = generators[plm], plans[plm]
         answered = known(plm) if known is not None else {}
         stop = threading.Event()  # a block failed: no more are sent
         results: dict[tuple[str, int], GenerationResult] = {}
+        blocks_made = itertools.count()
+
+        def make_in_turn(part: GenerationPlan) -> list[tuple[str, GenerationRequest]]:
+            with turns.take(next(blocks_made)):
+                return make(part)
 
         def ask_block(block: list[tuple[str, int, GenerationRequest]], sending: threading.Event) -> None:
             missing: list[tuple[str, int, GenerationRequest]] = []
@@ -291,12 +328,12 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
 
         first = generator.concurrency if generator.remote and generator.guard is None else None
         if first is None:
-            ask_block(next(_blocks(plan, make, None)), threading.Event())
+            ask_block(next(_blocks(plan, make_in_turn, None)), threading.Event())
             return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
         futures: list[Future] = []
         pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="dpsynth-block")
         try:
-            for block in _blocks(plan, make, first):
+            for block in _blocks(plan, make_in_turn, first):
                 if stop.is_set():
                     break
                 sending = threading.Event()
@@ -328,6 +365,36 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
         raise
     pool.shutdown(wait=True)
     return answers
+
+
+class _BuildTurns:
+    """The PLMs of one `_ask_all` build their blocks of requests one at a time, earlier blocks first (every PLM's
+    first block before any PLM's second, and so on; in order of asking among equals). Why: building is CPU under
+    the run's one interpreter lock, so PLMs building side by side only slowed each other, and each PLM's first
+    request went out only once all of them had built their first blocks (and begun their second): 31-50 ms into an
+    iteration at K=6 in `benchmarks/generation_overhead.py`, where one PLM's first block takes 2-3 ms. In turns,
+    the first PLM's first block goes out after its own build, the last one's after the K first blocks."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._building = False
+        self._waiting: list[tuple[int, int]] = []  # (block number, ticket): a heap, the next builder first
+        self._tickets = itertools.count()
+
+    @contextmanager
+    def take(self, block: int) -> Iterator[None]:
+        with self._changed:
+            me = (block, next(self._tickets))
+            heapq.heappush(self._waiting, me)
+            self._changed.wait_for(lambda: not self._building and self._waiting[0] == me)
+            heapq.heappop(self._waiting)
+            self._building = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._building = False
+                self._changed.notify_all()
 
 
 def _stop_sending_if_interrupted(err: BaseException, generators: Sequence[CachedGenerator]) -> None:
@@ -429,8 +496,8 @@ class _Replacements:
         made = self.built.setdefault((plm, label, attempt), [])
         if j >= len(made):
             count = max(j + 1, 2 * len(made), 4)
-            made.extend(r for _, r in self.make_requests(GenerationPlan(plm, {label: count}, start={label: len(made)}),
-                                                         attempt, self.generators[plm].chat))
+            part = GenerationPlan(plm, {label: count}, start={label: len(made)})
+            made.extend(r for _, r in _build(lambda p: self.make_requests(p, attempt, self.generators[plm].chat), part))
         return made[j]
 
     def send(self, plm: str) -> None:
