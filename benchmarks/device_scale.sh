@@ -10,8 +10,8 @@
 # The tables come back in $OUT: api_scale.txt (generation against the latency bound and an ideal client's time,
 # per K and N, and the server's view: how full the client kept its slots), server-log/ (the server's request log,
 # the cells' generation windows, and each cell's view in views.jsonl), generation_overhead.txt (the run's own time against an ideal endpoint on this
-# machine's CPU, requests in blocks against one call a batch), switch_interval.txt (K=6, N=9,600 again with a 0.5 ms
-# switch interval), machine.txt.
+# machine's CPU, requests in blocks against one call a batch), processes4.txt (K=6, N=600 and 2,400 again with 4
+# request processes a generator), machine.txt.
 # A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
 #     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 PY=.venv/bin/python bash benchmarks/device_scale.sh run
 set -euo pipefail
@@ -53,11 +53,13 @@ run() {
         | grep -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
     gzip -f "$out"/server-log/*.txt 2>/dev/null || true  # the raw request log, for a later look (about 1 MB)
     timeout 75 $py benchmarks/generation_overhead.py --repeats 1 2>&1 | tee "$out/generation_overhead.txt" || true
-    # one cell again with a 0.5 ms switch interval (Python's default: 5 ms) in the run and its request processes: does
-    # a thread handing an answer on wait for the interpreter lock? (the same cell of the curve above is the control)
+    # the small cells again with 4 request processes a generator instead of 2: a process spends about 1 ms of its
+    # HTTP client's CPU a request, so a round of 32 requests a process reached the server over about 30 ms, a fixed
+    # cost of every iteration that weighs most where an iteration is one or two 0.2-s rounds (docs/scale.md, tenth
+    # session; the same cells of the curve above are the control)
     timeout 90 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
-        --k 6 --n "${SWITCH_N:-9600}" --processes 2 --server-processes 4 --switch-interval 0.0005 2>&1 \
-        | grep -v -E 'Loading weights|it/s\]' | tee "$out/switch_interval.txt" || true
+        --k 6 --n ${SMALL_NS:-600 2400} --processes 4 --server-processes 4 2>&1 \
+        | grep -v -E 'Loading weights|it/s\]' | tee "$out/processes4.txt" || true
 }
 
 case "${1:-}" in
