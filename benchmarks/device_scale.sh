@@ -7,13 +7,14 @@
 # Then one device call (about 8 minutes: the whole api_scale curve took 398 s on an H200, the rest about 90 s):
 #     run(command="bash benchmarks/device_scale.sh run", timeout_s=590,
 #         carry=[".whl", ".devmodel/minilm", ".devcache/corpora"])
-# The tables come back in $OUT: api_scale.txt (generation against the latency bound and an ideal client's time,
-# per K and N, and the server's view: how full the client kept its slots), server-log/ (the server's request log,
-# the cells' generation windows, and each cell's view in views.jsonl), generation_overhead.txt (the run's own time against an ideal endpoint on this
+# The tables come back in $OUT (7 files: a device call brings back at most 8): api_scale.txt (generation against
+# the latency bound and an ideal client's time, per K and N, and the server's view: how full the client kept its
+# slots), server-log/ (the server's request log in requests.txt.gz, the cells' generation windows in cells.jsonl,
+# each cell's view in views.jsonl), generation_overhead.txt (the run's own time against an ideal endpoint on this
 # machine's CPU, requests in blocks against one call a batch), processes4.txt (K=6, N=600 and 2,400 again with 4
 # request processes a generator), machine.txt.
 # A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
-#     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 PY=.venv/bin/python bash benchmarks/device_scale.sh run
+#     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 SMALL_NS=600 PY=.venv/bin/python bash benchmarks/device_scale.sh run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,7 +52,9 @@ run() {
         --k ${KS:-6 2} --n ${NS:-600 2400 9600 38400} --processes 2 --server-processes 4 \
         --server-log "$out/server-log" 2>&1 \
         | grep -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
-    gzip -f "$out"/server-log/*.txt 2>/dev/null || true  # the raw request log, for a later look (about 1 MB)
+    # the raw request log, for a later look (about 1 MB), as one file: at most 8 files come back from a device call
+    cat "$out"/server-log/server-*.txt 2>/dev/null | gzip > "$out/server-log/requests.txt.gz" || true
+    rm -f "$out"/server-log/server-*.txt
     timeout 75 $py benchmarks/generation_overhead.py --repeats 1 2>&1 | tee "$out/generation_overhead.txt" || true
     # the small cells again with 4 request processes a generator instead of 2: a process spends about 1 ms of its
     # HTTP client's CPU a request, so a round of 32 requests a process reached the server over about 30 ms, a fixed
