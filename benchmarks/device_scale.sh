@@ -4,7 +4,7 @@
 # Here, once (this machine reaches the package registries; the three folders are in .gitignore, so they travel
 # only when carried):
 #     bash benchmarks/device_scale.sh prepare
-# Then one device call (about 8 minutes: the whole api_scale curve took 398 s on an H200, the rest about 90 s):
+# Then one device call (about 8.5 minutes: the whole call took 508 s on an H200 on 2026-11-27):
 #     run(command="bash benchmarks/device_scale.sh run", timeout_s=590,
 #         carry=[".whl", ".devmodel/minilm", ".devcache/corpora"])
 # The tables come back in $OUT (7 files: a device call brings back at most 8): api_scale.txt (generation against
@@ -48,21 +48,21 @@ run() {
     export PYTHONPATH=$PWD/src DPSYNTH_CACHE=$PWD/.devcache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
     { nproc; nvidia-smi -L 2>/dev/null || true; $py --version; } > "$out/machine.txt"
     # shellcheck disable=SC2086
-    timeout 410 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+    timeout -k 10 400 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k ${KS:-6 2} --n ${NS:-600 2400 9600 38400} --processes 2 --server-processes 4 \
         --server-log "$out/server-log" 2>&1 \
-        | grep -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
+        | grep --line-buffered -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
     # the raw request log, for a later look (about 1 MB), as one file: at most 8 files come back from a device call
     cat "$out"/server-log/server-*.txt 2>/dev/null | gzip > "$out/server-log/requests.txt.gz" || true
     rm -f "$out"/server-log/server-*.txt
-    timeout 75 $py benchmarks/generation_overhead.py --repeats 1 2>&1 | tee "$out/generation_overhead.txt" || true
+    timeout -k 5 75 $py benchmarks/generation_overhead.py --repeats 1 2>&1 | tee "$out/generation_overhead.txt" || true
     # the small cells again with 4 request processes a generator instead of 2: a process spends about 1 ms of its
     # HTTP client's CPU a request, so a round of 32 requests a process reached the server over about 30 ms, a fixed
     # cost of every iteration that weighs most where an iteration is one or two 0.2-s rounds (docs/scale.md, tenth
     # session; the same cells of the curve above are the control)
-    timeout 90 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+    timeout -k 5 90 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k 6 --n ${SMALL_NS:-600 2400} --processes 4 --server-processes 4 2>&1 \
-        | grep -v -E 'Loading weights|it/s\]' | tee "$out/processes4.txt" || true
+        | grep --line-buffered -v -E 'Loading weights|it/s\]' | tee "$out/processes4.txt" || true
 }
 
 case "${1:-}" in

@@ -414,3 +414,68 @@ def test_plms_build_their_blocks_one_at_a_time_every_first_block_first(tmp_path:
     firsts = [first for _, first in order]
     assert sorted(p for p, first in order if first) == sorted(plms) and firsts[:len(plms)] == [True] * len(plms)
     assert not any(overlapped)
+
+
+def test_build_turns_go_to_the_lowest_block_waiting() -> None:
+    from dpsynth.methods.generation import _BuildTurns
+
+    turns, order, release = _BuildTurns(), [], threading.Event()
+
+    def take(name: str, block: int, hold: threading.Event | None = None) -> None:
+        with turns.take(block):
+            order.append(name)
+            if hold is not None:
+                assert hold.wait(10)
+
+    def waiting(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(turns._waiting) < n:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=take, args=("holder", 0, release))]
+    threads[0].start()
+    while not order:
+        time.sleep(0.001)
+    for name, block in (("second", 1), ("first", 0)):
+        threads.append(threading.Thread(target=take, args=(name, block)))
+        threads[-1].start()
+        waiting(len(threads) - 1)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["holder", "first", "second"]
+
+
+def test_a_request_maker_that_builds_the_labels_in_another_order_is_refused() -> None:
+    from dpsynth.methods.generation import _blocks
+
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+
+    def reversed_labels(plan: GenerationPlan) -> list:
+        return list(reversed(zero_shot(plan, 0, True)))
+
+    with pytest.raises(ValueError, match="label order"):
+        list(_blocks(GenerationPlan("a", {"positive": 3, "negative": 2}), reversed_labels, None))
+
+
+def test_a_plm_that_builds_its_whole_plan_at_once_does_not_hold_the_others_first_blocks(tmp_path: Path) -> None:
+    """A spend cap or an unstated concurrency means one block, built outside the turns."""
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+    whole_started, others_built = threading.Event(), threading.Event()
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool):
+        if plan.plm == "whole":
+            whole_started.set()
+            assert others_built.wait(10), "the one-block PLM held the turn"
+        elif whole_started.is_set():
+            others_built.set()
+        return zero_shot(plan, attempt, chat)
+
+    cache = RequestCache(tmp_path / "c.sqlite")
+    whole, blocked = _Blocked(4), _Blocked(4)
+    whole.max_concurrency = None  # states none: its plan is built and sent in one call
+    generate_samples(0, plans=[GenerationPlan("whole", {"positive": 8}), GenerationPlan("b", {"positive": 8})],
+                     generators={"whole": CachedGenerator(whole, cache), "b": CachedGenerator(blocked, cache)},
+                     existing=[], max_attempts=1, make_requests=make)
+    assert others_built.is_set()

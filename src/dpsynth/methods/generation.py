@@ -328,7 +328,8 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
 
         first = generator.concurrency if generator.remote and generator.guard is None else None
         if first is None:
-            ask_block(next(_blocks(plan, make_in_turn, None)), threading.Event())
+            # one block, nothing sent meanwhile to build beside: no turn (it would hold the others' first blocks)
+            ask_block(next(_blocks(plan, make, None)), threading.Event())
             return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
         futures: list[Future] = []
         pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="dpsynth-block")
@@ -368,8 +369,10 @@ def _ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], 
 
 
 class _BuildTurns:
-    """The PLMs of one `_ask_all` build their blocks of requests one at a time, earlier blocks first (every PLM's
-    first block before any PLM's second, and so on; in order of asking among equals). Why: building is CPU under
+    """The PLMs of one `_ask_all` build their blocks of requests one at a time, the lowest block number waiting
+    first (so every first block asked for goes before any second block then waiting; in order of asking among
+    equals). The PLMs that build their whole plan in one block (a spend cap, no stated concurrency) build outside
+    the turns, so as not to hold the others' first blocks. Why: building is CPU under
     the run's one interpreter lock, so PLMs building side by side only slowed each other, and each PLM's first
     request went out only once all of them had built their first blocks (and begun their second): 31-50 ms into an
     iteration at K=6 in `benchmarks/generation_overhead.py`, where one PLM's first block takes 2-3 ms. In turns,
@@ -386,7 +389,13 @@ class _BuildTurns:
         with self._changed:
             me = (block, next(self._tickets))
             heapq.heappush(self._waiting, me)
-            self._changed.wait_for(lambda: not self._building and self._waiting[0] == me)
+            try:
+                self._changed.wait_for(lambda: not self._building and self._waiting[0] == me)
+            except BaseException:  # never left in the heap, where it would hold every later builder
+                self._waiting.remove(me)
+                heapq.heapify(self._waiting)
+                self._changed.notify_all()
+                raise
             heapq.heappop(self._waiting)
             self._building = True
         try:
