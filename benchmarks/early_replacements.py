@@ -41,7 +41,7 @@ def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, floa
     from dpsynth.data.corpora import get_corpus
     from dpsynth.llm.cache import CachedGenerator, RequestCache
     from dpsynth.llm.registry import build_generator
-    from dpsynth.methods import generation
+    from dpsynth.methods import asking
     from dpsynth.methods.generation import generate_samples, plan_counts, zero_shot_requests
     from dpsynth.prompts.builder import PromptSettings
 
@@ -52,9 +52,9 @@ def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, floa
         kind="openai", model=f"m{i}", name=f"plm{i}", base_url=url, max_concurrency=args.concurrency,
         processes=args.processes)), cache)
         for i in range(args.k)}
-    apply = generation._Replacements.apply
+    apply = asking.Replacements.apply
     if not early:  # the baseline: every attempt after the previous one, as before
-        generation._Replacements.apply = staticmethod(lambda *a: False)  # type: ignore[method-assign]
+        asking.Replacements.apply = staticmethod(lambda *a: False)  # type: ignore[method-assign]
     try:
         requests, seconds, bound, drops = 0, 0.0, 0.0, []
         for t in range(args.iterations):
@@ -71,7 +71,7 @@ def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, floa
         assert sent == requests, f"{sent} requests sent, {requests} asked by the attempts"
         return sent, seconds, bound, ideal_bound(drops, args.concurrency, args.latency, ATTEMPTS)
     finally:
-        generation._Replacements.apply = apply  # type: ignore[method-assign]
+        asking.Replacements.apply = apply  # type: ignore[method-assign]
 
 
 def client_floor(args: argparse.Namespace, url: str, per_generator: int) -> float:

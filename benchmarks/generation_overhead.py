@@ -8,7 +8,7 @@ neither the requests' CPU nor the server was the limit. Part of a run's generati
 request goes out and is not overlapped with any answer: building the prompts (WASP's contrastive examples), their
 cache keys, the request cache's look-up and claims, about 50-80 us a request, which at 7,680 requests an iteration
 (N=38,400, T=5) is half a second an iteration. Since the requests go out in growing blocks, each block sent while
-the next is built (`methods/generation.py: _blocks`), only the first round's are.
+the next is built (`methods/asking.py: _blocks`), only the first round's are.
 
 Here the endpoint is ideal (`IdealEndpoint`: every request answered `--latency` s after it is sent, with a real
 Rotten Tomatoes review or, for a seeded `--drop` percent, an empty answer; `--concurrency` in flight over all

@@ -212,7 +212,7 @@ def test_a_replacement_that_fails_stops_the_others_and_is_the_error(tmp_path: Pa
 
 
 def test_blocks_are_the_plans_requests_once_each_in_growing_prefixes() -> None:
-    from dpsynth.methods.generation import _blocks
+    from dpsynth.methods.asking import _blocks
 
     make = zero_shot_requests(TASK, PromptSettings(), 0, "t")
     plan = GenerationPlan("a", {"positive": 10, "negative": 7})
@@ -228,7 +228,7 @@ def test_blocks_are_the_plans_requests_once_each_in_growing_prefixes() -> None:
 def test_blocks_build_each_request_once() -> None:
     """Each block builds only the requests after the last block's (rebuilding each prefix doubled the building
     that competes with the answers for the interpreter lock)."""
-    from dpsynth.methods.generation import _blocks
+    from dpsynth.methods.asking import _blocks
 
     zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
     built: list[int] = []
@@ -243,7 +243,7 @@ def test_blocks_build_each_request_once() -> None:
 
 
 def test_a_request_maker_that_ignores_the_plans_start_is_refused() -> None:
-    from dpsynth.methods.generation import _blocks
+    from dpsynth.methods.asking import _blocks
 
     zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
 
@@ -368,7 +368,7 @@ def test_early_replacements_refuse_a_maker_that_ignores_the_plans_start() -> Non
     start would have given the j-th replacement another request's prompt."""
     from types import SimpleNamespace
 
-    from dpsynth.methods.generation import _Progress, _Replacements
+    from dpsynth.methods.asking import Progress, Replacements
 
     zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
 
@@ -376,8 +376,8 @@ def test_early_replacements_refuse_a_maker_that_ignores_the_plans_start() -> Non
         return zero_shot(GenerationPlan(plan.plm, plan.per_label), attempt, chat)
 
     for maker, ok in ((zero_shot, True), (whole_prefix, False)):
-        replacements = _Replacements([GenerationPlan("p", {"positive": 10})], {"p": SimpleNamespace(chat=True)},
-                                     set(), maker, 3, _Progress({"p": 10}, None), clean_generation)
+        replacements = Replacements([GenerationPlan("p", {"positive": 10})], {"p": SimpleNamespace(chat=True)},
+                                    set(), maker, 3, Progress({"p": 10}, None), clean_generation)
         try:
             if ok:
                 got = [replacements.request("p", "positive", 1, j).seed for j in range(6)]
@@ -417,7 +417,7 @@ def test_plms_build_their_blocks_one_at_a_time_every_first_block_first(tmp_path:
 
 
 def test_build_turns_go_to_the_lowest_block_waiting() -> None:
-    from dpsynth.methods.generation import _BuildTurns
+    from dpsynth.methods.asking import _BuildTurns
 
     turns, order, release = _BuildTurns(), [], threading.Event()
 
@@ -448,7 +448,7 @@ def test_build_turns_go_to_the_lowest_block_waiting() -> None:
 
 
 def test_a_request_maker_that_builds_the_labels_in_another_order_is_refused() -> None:
-    from dpsynth.methods.generation import _blocks
+    from dpsynth.methods.asking import _blocks
 
     zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
 
