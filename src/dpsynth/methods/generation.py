@@ -108,28 +108,6 @@ def shared_example_requests(task: TaskSpec, settings: PromptSettings, examples: 
     return make
 
 
-def generate_samples(
-    t: int,
-    *,
-    plans: Sequence[GenerationPlan],
-    generators: dict[str, CachedGenerator],
-    existing: Sequence[SyntheticSample],
-    make_requests: RequestMaker,
-    max_attempts: int,
-    on_progress: Callable[[str, int, int], None] | None = None,
-) -> tuple[list[SyntheticSample], dict[str, dict]]:
-    """Generate, clean and de-duplicate; re-ask (new seeds) for dropped samples up to `max_attempts` times.
-
-    Each attempt asks every PLM its batch; API generators are asked side by side (each keeps its own
-    concurrency limit), local models one after another (they share the cores). Answers are cleaned and
-    de-duplicated in plan order afterwards, so the samples do not depend on which server answered first. With
-    API generators the replacements of dropped answers are asked while the first batch is still in flight
-    (`asking.Replacements`): the same requests as the attempts after it would send, a round of latency sooner."""
-    with _earlier_objects_frozen():
-        return _generate_samples(t, plans=plans, generators=generators, existing=existing, make_requests=make_requests,
-                                 max_attempts=max_attempts, on_progress=on_progress)
-
-
 _freezing = threading.Lock()
 _generations = 0  # generations running (in any thread); the first one in freezes, the last one out unfreezes
 _froze = False  # whether the running generations froze the heap themselves (not when something else had)
@@ -165,7 +143,8 @@ def _earlier_objects_frozen() -> Iterator[None]:
                     gc.unfreeze()
 
 
-def _generate_samples(
+@_earlier_objects_frozen()
+def generate_samples(
     t: int,
     *,
     plans: Sequence[GenerationPlan],
@@ -175,7 +154,13 @@ def _generate_samples(
     max_attempts: int,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[list[SyntheticSample], dict[str, dict]]:
-    """`generate_samples` itself, inside `_earlier_objects_frozen`."""
+    """Generate, clean and de-duplicate; re-ask (new seeds) for dropped samples up to `max_attempts` times.
+
+    Each attempt asks every PLM its batch; API generators are asked side by side (each keeps its own
+    concurrency limit), local models one after another (they share the cores). Answers are cleaned and
+    de-duplicated in plan order afterwards, so the samples do not depend on which server answered first. With
+    API generators the replacements of dropped answers are asked while the first batch is still in flight
+    (`asking.Replacements`): the same requests as the attempts after it would send, a round of latency sooner."""
     seen = {(x.label, x.text.lower()) for x in existing}
     kept: dict[str, list[tuple[str, str]]] = {p.plm: [] for p in plans}
     cleaning = {p.plm: CleaningStats() for p in plans}
