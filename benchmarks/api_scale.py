@@ -141,7 +141,7 @@ WASP_ATTEMPTS = 3  # the cells' asks per sample at most (WASP's default max_atte
 
 
 def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int, *, embedder: str, device: str,
-             noise_seed: int | None, processes: int) -> dict:
+             noise_seed: int | None, processes: int, transport: str = "auto") -> dict:
     """One WASP run in this process (called in a child): its metrics and peak memory."""
     from dpsynth.runs.config import parse_config
     from dpsynth.runs.engine import Run
@@ -150,7 +150,8 @@ def run_cell(n: int, k: int, url: str, concurrency: int, m: int, iterations: int
         "method": "wasp",
         "data": {"corpus": "rotten_tomatoes", "m": m},
         "generators": [{"kind": "openai", "model": f"m{i}", "name": f"plm{i}", "base_url": url,
-                        "max_concurrency": concurrency, "processes": processes} for i in range(k)],
+                        "max_concurrency": concurrency, "processes": processes, "transport": transport}
+                       for i in range(k)],
         "wasp": {"n": n, "iterations": iterations, "q": 8, "s": 4, "max_tokens": 64,
                  "max_attempts": WASP_ATTEMPTS},
         "privacy": {"epsilon": 4.0, "delta": 1e-5},
@@ -344,6 +345,8 @@ def main() -> None:
     parser.add_argument("--noise-seed", type=int, help="seeded numpy noise (NOT FOR RELEASE) instead of OpenDP's exact "
                         "samplers: voting then leaves out the exact sampler's cost")
     parser.add_argument("--processes", type=int, default=1, help="request processes per generator (processes:)")
+    parser.add_argument("--transport", default="auto", choices=["auto", "sdk"], help="the generators' transport: "
+                        "auto (the lean client, for this plain-http server) or sdk (the OpenAI SDK's generic post)")
     parser.add_argument("--server-processes", type=int, default=1, help="loopback server processes on one port")
     parser.add_argument("--switch-interval", type=float, help="the interpreter's switch interval (s; Python's "
                         "default is 0.005) in each cell's process and its request processes: how long a thread "
@@ -356,7 +359,7 @@ def main() -> None:
         n, k, url = args.cell.split(",")
         print("CELL " + json.dumps(run_cell(int(n), int(k), url, args.concurrency, args.m, args.iterations,
                                             embedder=args.embedder, device=args.device, noise_seed=args.noise_seed,
-                                            processes=args.processes)))
+                                            processes=args.processes, transport=args.transport)))
         return
 
     from dpsynth.data.corpora import get_corpus
@@ -373,7 +376,7 @@ def main() -> None:
                     for i in range(sample)]
     peak = encoder_peak(like_answers, args.embedder, args.device)
     print(f"server {url} ({args.server_processes} processes): latency {args.latency} s, {args.concurrency} requests "
-          f"in flight per generator from {args.processes} process(es) each; "
+          f"in flight per generator from {args.processes} process(es) each, transport {args.transport}; "
           f"encoder peak {peak:.0f} texts/s ({args.embedder} on {args.device}, texts like the answers, this machine)"
           + ("; seeded numpy noise" if args.noise_seed is not None else "; OpenDP's exact noise")
           + (f"; switch interval {args.switch_interval} s" if args.switch_interval is not None else ""))
@@ -393,6 +396,7 @@ def main() -> None:
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(switch_site(cache_root, args.switch_interval)),
                                                                   env.get("PYTHONPATH")]))
             cell_args = ["--concurrency", str(args.concurrency), "--processes", str(args.processes),
+                         "--transport", args.transport,
                          "--m", str(args.m), "--iterations", str(args.iterations), "--embedder", args.embedder,
                          "--device", args.device]
             if args.noise_seed is not None:

@@ -10,9 +10,8 @@
 # The tables come back in $OUT (7 files: a device call brings back at most 8): api_scale.txt (generation against
 # the latency bound and an ideal client's time, per K and N, and the server's view: how full the client kept its
 # slots), server-log/ (the server's request log in requests.txt.gz, the cells' generation windows in cells.jsonl,
-# each cell's view in views.jsonl), generation_overhead.txt (the run's own time against an ideal endpoint on this
-# machine's CPU, requests in blocks against one call a batch), processes4.txt (K=6, N=600 and 2,400 again with 4
-# request processes a generator), machine.txt.
+# each cell's view in views.jsonl), transport_sdk.txt (K=6, N=600 and 2,400 again through the OpenAI SDK instead of
+# the lean client), processes4.txt (the same cells with 4 request processes a generator), machine.txt.
 # A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
 #     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 SMALL_NS=600 PY=.venv/bin/python bash benchmarks/device_scale.sh run
 set -euo pipefail
@@ -55,12 +54,16 @@ run() {
     # the raw request log, for a later look (about 1 MB), as one file: at most 8 files come back from a device call
     cat "$out"/server-log/server-*.txt 2>/dev/null | gzip > "$out/server-log/requests.txt.gz" || true
     rm -f "$out"/server-log/server-*.txt
-    timeout -k 5 75 $py benchmarks/generation_overhead.py --repeats 1 2>&1 | tee "$out/generation_overhead.txt" || true
-    # the small cells again with 4 request processes a generator instead of 2: a process spends about 1 ms of its
-    # HTTP client's CPU a request, so a round of 32 requests a process reached the server over about 30 ms, a fixed
-    # cost of every iteration that weighs most where an iteration is one or two 0.2-s rounds (docs/scale.md, tenth
-    # session; the same cells of the curve above are the control)
-    timeout -k 5 90 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+    # the small cells again, the same but for the transport: the OpenAI SDK's generic post instead of the lean
+    # client (a request process spends about 1 ms of the SDK's CPU a request against 0.3 ms, so a round of 32
+    # requests a process reached the server over about 30 ms: a fixed cost of every iteration that weighs most
+    # where an iteration is one or two 0.2-s rounds; docs/scale.md, tenth and eleventh sessions)
+    timeout -k 5 80 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+        --k 6 --n ${SMALL_NS:-600 2400} --processes 2 --server-processes 4 --transport sdk 2>&1 \
+        | grep --line-buffered -v -E 'Loading weights|it/s\]' | tee "$out/transport_sdk.txt" || true
+    # and with 4 request processes a generator instead of 2 (the lean client): does halving each process's share
+    # shorten it further?
+    timeout -k 5 80 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k 6 --n ${SMALL_NS:-600 2400} --processes 4 --server-processes 4 2>&1 \
         | grep --line-buffered -v -E 'Loading weights|it/s\]' | tee "$out/processes4.txt" || true
 }

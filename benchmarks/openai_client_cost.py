@@ -1,17 +1,22 @@
-"""The client's CPU a request: dpsynth's OpenAI-compatible generator against the OpenAI SDK's typed `create`.
+"""The client's CPU a request: dpsynth's OpenAI-compatible generator, through each of its transports, against the
+OpenAI SDK's typed `create`.
 
     .venv/bin/python benchmarks/openai_client_cost.py                       # 64 in flight, 1,280 requests
     .venv/bin/python benchmarks/openai_client_cost.py --concurrency 8 --requests 320 --rounds 3
 
 One process asks as many requests a second as its CPU allows under one interpreter lock, so the client's CPU a
-request sets the ceiling of an API generator (docs/scale.md; `processes:` raises it by using more processes).
-The baseline is what the generator did before: `client.chat.completions.with_raw_response.create(...)`, the SDK's
-typed call, whose TypedDict transforms of the parameters cost about a third of the client's time. dpsynth now
-sends the same body through the SDK's generic `post` (same auth, base URL, timeout and error types). Both ask the
-same requests of the benchmark's real loopback server (`api_scale.serve`: a fixed latency, real reviews as
-answers) from a pool of `--concurrency` threads, alternating in rounds; printed: client CPU per request (this
-process, server excluded), wall time against the latency bound (requests / concurrency x latency), and the
-ratio of dpsynth's CPU to the baseline's.
+request sets the ceiling of an API generator and how long a round of requests takes to go out (docs/scale.md;
+`processes:` raises it by using more processes). Three clients ask the same requests of the benchmark's real
+loopback server (`api_scale.serve`: a fixed latency, real reviews as answers) from a pool of `--concurrency`
+threads, alternating in rounds:
+- the SDK's typed call, `client.chat.completions.with_raw_response.create(...)`, as the generator first asked
+  (its TypedDict transforms of the parameters cost about a third of its time);
+- the generator with `transport: sdk`: the same body through the SDK's generic `post` (the baseline: what every
+  endpoint went through before the lean client, and what https endpoints and proxies still go through);
+- the generator as it asks a plain-http endpoint (`transport: auto`): the lean client on `http.client`
+  (llm/plain_http.py).
+Printed: client CPU per request (this process, the server excluded), wall time against the latency bound
+(requests / concurrency x latency), and the ratio of each client's CPU to the baseline's.
 """
 
 from __future__ import annotations
@@ -50,27 +55,31 @@ def main() -> None:
     from dpsynth.llm.spend import worst_case
 
     url, servers = start_servers(args.latency)
-    gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=args.concurrency)
+    sdk = OpenAICompatGenerator("m", base_url=url, max_concurrency=args.concurrency, transport="sdk")
+    plain = OpenAICompatGenerator("m", base_url=url, max_concurrency=args.concurrency)
     messages = (("system", "You write short movie reviews."), ("user", "Write a positive movie review. " * 8))
 
     def request(i: int) -> GenerationRequest:
         return GenerationRequest(messages=messages, max_tokens=64, temperature=1.0, top_p=0.95, seed=i)
 
-    def typed_create(i: int) -> object:  # the baseline: the SDK's typed call, as the generator made it before
+    def typed_create(i: int) -> object:  # the SDK's typed call, as the generator first made it
         r = request(i)
-        raw = gen._client.chat.completions.with_raw_response.create(
+        raw = sdk._client.chat.completions.with_raw_response.create(
             model="m", messages=[{"role": role, "content": text} for role, text in r.messages or ()],  # type: ignore[misc]
             max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, seed=r.seed)
         return parse_answer(raw.http_response.content, chat=True, unreported=worst_case(r))
 
-    def dpsynth_generator(i: int) -> object:
-        return gen._attempt(request(i))
-
+    baseline = "SDK generic post (transport: sdk; baseline)"
+    clients: dict[str, Callable[[int], object]] = {
+        "SDK typed create (first)": typed_create,
+        baseline: lambda i: sdk._attempt(request(i)),
+        "lean http.client (transport: auto, now)": lambda i: plain._attempt(request(i)),
+    }
     bound = args.requests / args.concurrency * args.latency
-    cpu: dict[str, list[float]] = {"SDK typed create (before)": [], "dpsynth generator (now)": []}
-    walls: dict[str, list[float]] = {name: [] for name in cpu}
+    cpu: dict[str, list[float]] = {name: [] for name in clients}
+    walls: dict[str, list[float]] = {name: [] for name in clients}
     for _ in range(args.rounds):
-        for name, ask in zip(cpu, (typed_create, dpsynth_generator)):
+        for name, ask in clients.items():
             c, w = timed(ask, args.requests, args.concurrency)
             cpu[name].append(c / args.requests)
             walls[name].append(w)
@@ -80,7 +89,7 @@ def main() -> None:
           f"(latency bound {bound:.2f} s); medians of {args.rounds} rounds, alternating")
     print("| client | CPU ms/request | wall s | / latency bound | CPU vs baseline |")
     print("|---|---|---|---|---|")
-    base = statistics.median(cpu["SDK typed create (before)"])
+    base = statistics.median(cpu[baseline])
     for name in cpu:
         c, w = statistics.median(cpu[name]), statistics.median(walls[name])
         print(f"| {name} | {c * 1e3:.2f} | {w:.2f} | {w / bound:.2f}x | {c / base:.2f}x |")

@@ -81,13 +81,19 @@ def server():
     srv.server_close()
 
 
-def _generator(url: str, **kw) -> OpenAICompatGenerator:
-    return OpenAICompatGenerator("m", base_url=url, backoff=0.01, max_backoff=0.05, **kw)
+@pytest.fixture(params=["auto", "sdk"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Both ways a request is sent: the lean client (auto, for a plain-http endpoint) and the OpenAI SDK."""
+    return request.param
 
 
-def test_every_faulty_answer_is_retried_and_counted(server: str, tmp_path: Path) -> None:
+def _generator(url: str, transport: str, **kw) -> OpenAICompatGenerator:
+    return OpenAICompatGenerator("m", base_url=url, backoff=0.01, max_backoff=0.05, transport=transport, **kw)
+
+
+def test_every_faulty_answer_is_retried_and_counted(server: str, transport: str, tmp_path: Path) -> None:
     _Scripted.script = list(FAULTS)
-    backend = _generator(server, max_retries=len(FAULTS), max_concurrency=1)
+    backend = _generator(server, transport, max_retries=len(FAULTS), max_concurrency=1)
     cache = RequestCache(tmp_path / "cache.sqlite")
     gen = CachedGenerator(backend, cache)
     out = gen.generate([GenerationRequest(messages=(("user", "hi"),))])
@@ -99,46 +105,69 @@ def test_every_faulty_answer_is_retried_and_counted(server: str, tmp_path: Path)
     assert rows == [("A fine film.",)]  # no faulty answer was stored as a sample
 
 
-def test_completion_requests_are_checked_too(server: str) -> None:
+def test_completion_requests_are_checked_too(server: str, transport: str) -> None:
     _Scripted.good = GOOD_COMPLETION
     _Scripted.script = [
         ("no text", 200, {}, _json({**GOOD_COMPLETION, "choices": [{"index": 0}]}), None),
         ("empty choices", 200, {}, _json({**GOOD_COMPLETION, "choices": []}), None),
     ]
-    gen = _generator(server, max_retries=2)
+    gen = _generator(server, transport, max_retries=2)
     out = gen.generate([GenerationRequest(prompt="Review:")])
     assert out[0].text == "A dull film." and gen.retries == 2
     assert {path for _, path in _Scripted.seen} == {"/v1/completions"}
 
 
-def test_gives_up_on_malformed_answers_with_a_clear_error(server: str) -> None:
+def test_gives_up_on_malformed_answers_with_a_clear_error(server: str, transport: str) -> None:
     _Scripted.script = [("empty choices", 200, {}, _json({**GOOD, "choices": []}), None)] * 10
-    gen = _generator(server, max_retries=2)
+    gen = _generator(server, transport, max_retries=2)
     with pytest.raises(DpsynthError, match=r"malformed answer after 2 retries \(answer has no choices\)"):
         gen.generate([GenerationRequest(messages=(("user", "hi"),))])
     assert len(_Scripted.seen) == 3 and gen.retries == 2
 
 
-def test_retry_after_is_honoured(server: str) -> None:
+def test_retry_after_is_honoured(server: str, transport: str) -> None:
     _Scripted.script = [("429", 429, {"Retry-After": "1"}, b'{"error": {"message": "slow down"}}', None)]
-    gen = _generator(server, max_retries=1)
+    gen = _generator(server, transport, max_retries=1)
     start = time.monotonic()
     assert gen.generate([GenerationRequest(messages=(("user", "hi"),))])[0].text == "A fine film."
     assert time.monotonic() - start >= 0.9  # the backoff alone would wait 10 ms
     assert gen.retries == 1
 
 
-def test_client_errors_are_not_retried(server: str) -> None:
+def test_client_errors_are_not_retried(server: str, transport: str) -> None:
     _Scripted.script = [("400", 400, {}, b'{"error": {"message": "max_tokens too large"}}', None)]
-    gen = _generator(server, max_retries=3)
+    gen = _generator(server, transport, max_retries=3)
     with pytest.raises(DpsynthError, match=r"rejected with HTTP 400 \(max_tokens too large\)"):
         gen.generate([GenerationRequest(messages=(("user", "hi"),))])
     assert len(_Scripted.seen) == 1 and gen.retries == 0
 
 
-def test_concurrent_requests_survive_faults(server: str) -> None:
+def test_concurrent_requests_survive_faults(server: str, transport: str) -> None:
     _Scripted.script = list(FAULTS)
-    gen = _generator(server, max_retries=len(FAULTS), max_concurrency=4)
+    gen = _generator(server, transport, max_retries=len(FAULTS), max_concurrency=4)
     out = gen.generate([GenerationRequest(messages=(("user", f"hi {i}"),)) for i in range(6)])
     assert [r.text for r in out] == ["A fine film."] * 6
     assert gen.retries == len(FAULTS)
+
+
+@pytest.mark.parametrize(("status", "message"), [(401, "API key rejected"), (404, "model or endpoint not found"),
+                                                 (403, r"rejected with HTTP 403 \(not for you\)")])
+def test_refusals_are_explained_in_one_line_without_retrying(server: str, transport: str, status: int,
+                                                              message: str) -> None:
+    _Scripted.script = [(str(status), status, {}, b'{"error": {"message": "not for you"}}', None)]
+    gen = _generator(server, transport, max_retries=3)
+    with pytest.raises(DpsynthError, match=message):
+        gen.generate([GenerationRequest(messages=(("user", "hi"),))])
+    assert len(_Scripted.seen) == 1 and gen.retries == 0
+
+
+def test_an_unreachable_endpoint_is_retried_then_explained(transport: str) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    gen = _generator(url, transport, max_retries=2)
+    with pytest.raises(DpsynthError, match="unreachable after retries"):
+        gen.generate([GenerationRequest(messages=(("user", "hi"),))])
+    assert gen.retries == 2

@@ -106,20 +106,25 @@ class _Recording(BaseHTTPRequestHandler):
         pass
 
 
-def test_requests_carry_every_setting_and_answers_come_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The body the endpoint receives (sent through the SDK's generic `post`) and the answer parsed from the raw
-    bytes: a change of the SDK's raw-response handling, or a setting left out, fails here."""
+@pytest.mark.parametrize("transport", ["auto", "sdk"])
+def test_requests_carry_every_setting_and_answers_come_back_whole(monkeypatch: pytest.MonkeyPatch,
+                                                                  transport: str) -> None:
+    """The body and headers the endpoint receives (through the lean client, or the SDK's generic `post`) and the
+    answer parsed from the raw bytes: a change of the SDK's raw-response handling, or a setting left out, fails
+    here."""
     monkeypatch.setenv("DPSYNTH_TEST_KEY", "sk-test")
+    _Recording.asked = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         gen = OpenAICompatGenerator("my-model", base_url=f"http://127.0.0.1:{server.server_port}/v1",
-                                    api_key_env="DPSYNTH_TEST_KEY")
+                                    api_key_env="DPSYNTH_TEST_KEY", transport=transport)
         chat = GenerationRequest(messages=(("system", "Write reviews."), ("user", "One, positive: é")),
                                  max_tokens=48, temperature=0.7, top_p=0.9, stop=("\n\n",), seed=11)
         completion = GenerationRequest(prompt="A review:", max_tokens=16, seed=3)
         chat_answer, completion_answer = gen.generate([chat]) + OpenAICompatGenerator(
-            "base-model", base_url=f"http://127.0.0.1:{server.server_port}/v1", chat=False).generate([completion])
+            "base-model", base_url=f"http://127.0.0.1:{server.server_port}/v1", chat=False,
+            transport=transport).generate([completion])
     finally:
         server.shutdown()
     assert (chat_answer.text, chat_answer.prompt_tokens, chat_answer.completion_tokens) == (
@@ -127,6 +132,7 @@ def test_requests_carry_every_setting_and_answers_come_back_whole(monkeypatch: p
     assert completion_answer.text == "A fine film."
     (chat_path, chat_body, chat_headers), (completion_path, completion_body, _) = _Recording.asked
     assert chat_path == "/v1/chat/completions" and chat_headers["authorization"] == "Bearer sk-test"
+    assert chat_headers["content-type"] == "application/json"
     assert chat_body == {"model": "my-model", "max_tokens": 48, "temperature": 0.7, "top_p": 0.9, "seed": 11,
                          "stop": ["\n\n"], "messages": [{"role": "system", "content": "Write reviews."},
                                                          {"role": "user", "content": "One, positive: é"}]}
@@ -457,6 +463,10 @@ def test_processes_are_refused_where_they_cannot_apply() -> None:
     with pytest.raises(ValidationError, match="rate limits pace one process"):
         GeneratorConfig(kind="openai", model="m", processes=2, requests_per_minute=60)
     assert GeneratorConfig(kind="openai", model="m", processes=4).processes == 4
+    with pytest.raises(ValidationError, match="transport applies to API generators"):
+        GeneratorConfig(model="gemma3-270m", transport="sdk")
+    with pytest.raises(ValidationError, match="'auto' or 'sdk'"):
+        GeneratorConfig(kind="openai", model="m", transport="httpx")
 
 
 @pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail

@@ -49,6 +49,9 @@ class GeneratorConfig(Section):
     max_retries: int = Field(5, ge=0, description="API retries per request with exponential backoff (timeouts, "
                              "429, 5xx, malformed answers)")
     timeout: float = Field(120.0, gt=0, description="seconds per API request")
+    transport: Literal["auto", "sdk"] = Field(
+        "auto", description="API generators: auto sends to a plain-http endpoint without a proxy through a lean "
+        "client (a third of the CPU a request), anything else through the OpenAI SDK; sdk always uses the SDK")
     n_ctx: PositiveInt = 2048
     threads: PositiveInt | None = Field(
         None, description="CPU threads of a local llama.cpp model (default: every core available to this process); "
@@ -67,6 +70,8 @@ class GeneratorConfig(Section):
     def _processes_need_an_unpaced_api(self) -> GeneratorConfig:
         if self.processes > 1 and self.kind != "openai":
             raise ValueError("processes applies to API generators (kind: openai) only")
+        if self.transport != "auto" and self.kind != "openai":
+            raise ValueError("transport applies to API generators (kind: openai) only")
         if self.processes > 1 and (self.requests_per_minute or self.tokens_per_minute):
             raise ValueError("client-side rate limits pace one process: set processes: 1 with requests_per_minute "
                              "or tokens_per_minute")

@@ -1,7 +1,10 @@
 """Any OpenAI-compatible endpoint: OpenAI, vLLM, llama.cpp server, Ollama.
 
-Requests of a batch run concurrently (a thread pool of `max_concurrency`; with `processes` > 1, that many
-worker processes share it: `llm/request_fleet.py`, for endpoints that answer faster than one process can ask).
+A plain-http endpoint without a proxy (a server on this machine or the local network) is asked through a lean
+client on the standard library (`llm/plain_http.py`: about a quarter of the SDK's CPU a request); https
+endpoints, proxies, and `transport: sdk` go through the OpenAI SDK. Requests of a batch run concurrently (a
+thread pool of `max_concurrency`; with `processes` > 1, that many worker processes share it:
+`llm/request_fleet.py`, for endpoints that answer faster than one process can ask).
 Every faulty answer is retried with exponential backoff and jitter, up to
 `max_retries` times per request: timeouts and lost connections, HTTP 408, 409,
 429 and 5xx (a server's Retry-After / retry-after-ms is honoured), and
@@ -20,21 +23,24 @@ import json
 import logging
 import math
 import os
+import queue
 import random
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import CallStopped, GenerationRequest, GenerationResult, ResultCallback
+from dpsynth.llm.plain_http import HttpConnectionError, HttpStatusError, PlainHttpClient, transport_for
 from dpsynth.llm.request_fleet import RequestFleet
 from dpsynth.llm.spend import RatePacer, worst_case
 
 MAX_RETRY_AFTER = 120.0  # seconds; a server asking for a longer wait is not retried (as the openai client does)
 RETRY_STATUS = frozenset({408, 409, 429})
+TRANSPORTS = ("auto", "sdk")  # auto: the lean client where it can reach the endpoint (plain_http.transport_for)
 # the share of a batch's wall time this process's CPU was busy above which the client, not the server, set the
 # pace (all its threads count: under one interpreter lock, 0.8 of a core is near the most it gets done)
 CLIENT_BOUND_SHARE = 0.8
@@ -162,19 +168,28 @@ class OpenAICompatGenerator:
         max_backoff: float = 8.0,
         pacer: RatePacer | None = None,
         processes: int = 1,
+        transport: str = "auto",
     ) -> None:
-        try:
-            import openai
-        except ImportError as err:
-            raise DpsynthError("the OpenAI-compatible backend needs openai: pip install 'dpsynth[openai]'") from err
+        if transport not in TRANSPORTS:
+            raise DpsynthError(f"transport '{transport}': choose one of {', '.join(TRANSPORTS)}")
         key = os.environ.get(api_key_env)
         if key is None and base_url is None:
             raise DpsynthError(f"environment variable {api_key_env} is not set; export your API key there")
-        self._openai = openai
-        self._raw_response = _sdk_response_class()
-        # The client does not retry: this backend retries everything itself, malformed answers included,
-        # so that every retry is counted and bounded by the same max_retries.
-        self._client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url, max_retries=0, timeout=timeout)
+        self._plain: PlainHttpClient | None = None
+        self._client: Any = None
+        if transport == "auto" and base_url is not None and transport_for(base_url) == "plain":
+            self._plain = PlainHttpClient(base_url, key or "not-needed", timeout)
+        else:
+            try:
+                import openai
+            except ImportError as err:
+                raise DpsynthError("the OpenAI-compatible backend needs openai: pip install 'dpsynth[openai]'") from err
+            self._openai = openai
+            self._raw_response = _sdk_response_class()
+            # The client does not retry: this backend retries everything itself, malformed answers included,
+            # so that every retry is counted and bounded by the same max_retries.
+            self._client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url, max_retries=0,
+                                         timeout=timeout)
         self._model = model
         self._base_url = base_url or "https://api.openai.com/v1"
         self.name = name or model
@@ -198,7 +213,8 @@ class OpenAICompatGenerator:
         if processes > 1 and pacer is not None:
             raise DpsynthError(f"generator {self.name}: client-side rate limits pace one process; set processes: 1")
         settings = dict(model=model, base_url=base_url, api_key_env=api_key_env, name=self.name, chat=chat,
-                        max_retries=max_retries, timeout=timeout, backoff=backoff, max_backoff=max_backoff)
+                        max_retries=max_retries, timeout=timeout, backoff=backoff, max_backoff=max_backoff,
+                        transport=transport)
         self._fleet = RequestFleet(settings, processes, max_concurrency, self.name) if processes > 1 else None
 
     @property
@@ -262,21 +278,35 @@ class OpenAICompatGenerator:
     def _send_all(self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None,
                   stop: _CallStop) -> tuple[list[GenerationResult | None], BaseException | None]:
         """Every request from a pool of threads, each in a slot of the generator's concurrency: the results and
-        the first error. The first request that gives up (which stops the calls beside it too) or the first error
-        of `on_result` ends the sending; the answers already in flight still come back and go to `on_result`, so
-        that the request cache keeps what was paid for (its later errors are not raised)."""
+        the first error. A request is handed to the pool only once an answer before it has gone to `on_result`
+        (at most `max_concurrency` unheard), as the request fleet does: when the answers can no longer be kept
+        (`on_result` fails: the request cache's disk is full) nothing more is paid for, however far this thread,
+        which hears every answer, lags behind the pool's. The first request that gives up (which stops the calls
+        beside it too) or the first error of `on_result` ends the sending; the answers already in flight still
+        come back and go to `on_result`, so that the request cache keeps what was paid for (its later errors are
+        not raised)."""
         results: list[GenerationResult | None] = [None] * len(requests)
         error: BaseException | None = None
         heard_failed = False
+        answered: queue.SimpleQueue = queue.SimpleQueue()
+        todo = list(enumerate(requests))[::-1]
+        in_flight = 0
         with ThreadPoolExecutor(max_workers=min(self._max_concurrency, len(requests) or 1)) as pool:
-            futures = {pool.submit(self._one_in_slot, r, stop): i for i, r in enumerate(requests)}
+
+            def send() -> None:
+                i, request = todo.pop()
+                future = pool.submit(self._one_in_slot, request, stop)
+                future.add_done_callback(lambda done: answered.put((i, done)))
+
             try:
-                for future in as_completed(futures):
-                    if future.cancelled():
-                        continue
+                while todo and in_flight < self._max_concurrency:
+                    send()
+                    in_flight += 1
+                while in_flight:
+                    i, future = answered.get()
+                    in_flight -= 1
                     problem = future.exception()
                     if problem is None:
-                        i = futures[future]
                         result = results[i] = future.result()
                         try:
                             if on_result:
@@ -286,12 +316,15 @@ class OpenAICompatGenerator:
                     if problem is not None:
                         error = error or problem
                         stop.own.set()
-                        for other in futures:
-                            other.cancel()
-            except BaseException:  # e.g. an interrupt: what still waits for a slot is not sent
+                    if todo and stop.is_set():  # stopped here, or by a request of a call beside it
+                        error = error or CallStopped()
+                        todo.clear()
+                    elif todo:
+                        send()
+                        in_flight += 1
+            except BaseException:  # e.g. an interrupt: nothing more is sent
                 stop.own.set()
-                for other in futures:
-                    other.cancel()
+                todo.clear()
                 raise
         return results, error
 
@@ -301,8 +334,8 @@ class OpenAICompatGenerator:
         if self._client_bound_said or not client_bound(cpu_seconds, wall_seconds, requests, self._max_concurrency):
             return
         self._client_bound_said = True
-        log.warning("%s: this process was busy %.0f%% of the %.1f s it took to ask %d requests, so its own CPU (about "
-                    "1-2 ms a request), not the server, set the pace; `processes: 2` or more in the generator's "
+        log.warning("%s: this process was busy %.0f%% of the %.1f s it took to ask %d requests, so its own CPU "
+                    "(0.3-1.5 ms a request), not the server, set the pace; `processes: 2` or more in the generator's "
                     "config sends them from several processes (docs/scale.md)", self.name,
                     100 * cpu_seconds / wall_seconds, wall_seconds, requests)
 
@@ -356,23 +389,32 @@ class OpenAICompatGenerator:
             path, body["messages"] = "/chat/completions", [{"role": r, "content": c} for r, c in request.messages]
         else:
             path, body["prompt"] = "/completions", request.prompt
-        # The client's generic `post` (its auth, base URL, timeout and error types) with the body as it is sent:
-        # the typed `create` spends about a third of the client's CPU a request (measured:
-        # benchmarks/openai_client_cost.py) turning these plain values through its TypedDict transforms, which
-        # caps how many requests one process can ask a second. The raw answer is parsed here, strictly: the
-        # client's lenient parsing lets an empty or broken answer through as an object that fails (or worse,
-        # becomes an empty sample) later.
-        response: Any = self._client.post(path, body=body, cast_to=self._raw_response)
-        return parse_answer(response.content, chat=request.messages is not None, unreported=worst_case(request))
+        content = self._plain.post(path, body) if self._plain is not None else self._sdk_post(path, body)
+        return parse_answer(content, chat=request.messages is not None, unreported=worst_case(request))
+
+    def _sdk_post(self, path: str, body: dict[str, Any]) -> bytes:
+        """The SDK's generic `post` (its auth, base URL, TLS, proxies and timeout) with the body as it is sent:
+        the typed `create` spends about a third of the SDK's CPU a request (benchmarks/openai_client_cost.py)
+        turning these plain values through its TypedDict transforms. The raw answer is parsed by the caller,
+        strictly: the SDK's lenient parsing lets an empty or broken answer through as an object that fails (or
+        worse, becomes an empty sample) later. Its errors become the two kinds the retry rules know."""
+        o = self._openai
+        try:
+            response: Any = self._client.post(path, body=body, cast_to=self._raw_response)
+        except o.APIStatusError as err:
+            detail = (err.body.get("message") if isinstance(err.body, dict) else None) or err.message
+            raise HttpStatusError(err.status_code, err.response.headers, str(detail)) from err
+        except o.APIConnectionError as err:  # timeouts too
+            raise HttpConnectionError(f"{type(err).__name__}: {err}") from err
+        return response.content
 
     def _retry_delay(self, err: BaseException, attempt: int) -> float | None:
         """Seconds to wait before retrying after `err`, or None if retrying cannot help."""
-        o = self._openai
         backoff = min(self._backoff * 2.0**attempt, self._max_backoff) * (1 - 0.25 * random.random())
-        if isinstance(err, (MalformedAnswer, o.APIConnectionError)):  # incl. timeouts and bodies cut short
+        if isinstance(err, (MalformedAnswer, HttpConnectionError)):  # incl. timeouts and bodies cut short
             return backoff
-        if isinstance(err, o.APIStatusError):
-            headers = err.response.headers
+        if isinstance(err, HttpStatusError):
+            headers = err.headers
             should = headers.get("x-should-retry")
             if should == "false" or (should != "true" and err.status_code not in RETRY_STATUS
                                      and err.status_code < 500):
@@ -384,27 +426,24 @@ class OpenAICompatGenerator:
         return None
 
     def _explain(self, err: BaseException) -> BaseException:
-        o = self._openai
         where = f"{self._base_url} (model {self._model})"
         if isinstance(err, MalformedAnswer):
             return DpsynthError(f"{where}: malformed answer after {self._max_retries} retries ({err}); check that "
                                 "base_url is an OpenAI-compatible endpoint and that the server is healthy")
-        if isinstance(err, o.AuthenticationError):
-            return DpsynthError(f"{where}: API key rejected; check the key in the environment")
-        if isinstance(err, o.NotFoundError):
-            return DpsynthError(f"{where}: model or endpoint not found; check model and base_url")
-        if isinstance(err, o.APIConnectionError):
+        if isinstance(err, HttpConnectionError):
             return DpsynthError(f"{where}: unreachable after retries ({_one_line(err)}); check base_url and that "
                                 "the server runs")
-        if isinstance(err, o.APIStatusError):
-            wait = retry_after_seconds(err.response.headers)
+        if isinstance(err, HttpStatusError):
+            if err.status_code == 401:
+                return DpsynthError(f"{where}: API key rejected; check the key in the environment")
+            if err.status_code == 404:
+                return DpsynthError(f"{where}: model or endpoint not found; check model and base_url")
+            wait = retry_after_seconds(err.headers)
             if wait is not None and wait > MAX_RETRY_AFTER:
                 return DpsynthError(f"{where}: HTTP {err.status_code}, the server asks to wait {wait:.0f} s "
                                     f"(over {MAX_RETRY_AFTER:.0f} s); try again later")
             if self._retry_delay(err, 0) is None:
-                body = err.body if isinstance(err.body, dict) else {}
-                detail = body.get("message") or err.message
                 return DpsynthError(f"{where}: request rejected with HTTP {err.status_code} "
-                                    f"({_one_line(detail)}); check the generator's settings")
+                                    f"({_one_line(err.detail)}); check the generator's settings")
             return DpsynthError(f"{where}: request failed after retries with HTTP {err.status_code}")
         return err

@@ -71,6 +71,7 @@ def _openai(cfg: GeneratorConfig) -> Generator:
         timeout=cfg.timeout,
         pacer=RatePacer(limits) if limits.paced else None,
         processes=cfg.processes,
+        transport=cfg.transport,
     )
 
 

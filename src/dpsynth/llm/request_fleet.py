@@ -1,7 +1,8 @@
 """One API generator's requests sent from several processes (`processes:` in a generator's config).
 
-Why: one Python process spends about 1 ms of CPU on each request (building it, httpx, parsing the answer; 1.4 ms
-with the SDK's typed `create`, used before) under one interpreter lock, a ceiling of several hundred requests a
+Why: one Python process spends CPU on each request (building it, sending it, parsing the answer: about 0.3 ms
+through the lean client for plain-http endpoints, 1 ms through the SDK's generic `post`, 1.4 ms with its typed
+`create`, used before) under one interpreter lock, a ceiling of several hundred requests a
 second whatever the concurrency (600-700 measured with `create` on a 16-core machine: docs/scale.md). An endpoint
 with many replicas answers faster than that, so at the WASP paper's scale the client, not the server, set the pace.
 Here the requests go to `processes` worker processes, each with its own client and its share of `max_concurrency`
