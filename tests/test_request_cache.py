@@ -251,6 +251,7 @@ def test_the_embedding_cache_is_shared_by_processes_in_wal_mode(tmp_path: Path) 
     assert first.encode(["a", "b"]).shape == (2, 3)  # waited for the lock instead of failing
     assert second.encode(["a"]).shape == (1, 3)
     assert sqlite3.connect(str(path)).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert first._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: no fsync a call
 
 
 def test_put_many_writes_rows_together_and_counts_rewrites(tmp_path: Path) -> None:

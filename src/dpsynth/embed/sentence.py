@@ -130,6 +130,10 @@ class CachedEmbedder:
                 self._db.execute("PRAGMA journal_mode=WAL")
         except sqlite3.OperationalError:  # another process holds the file: it stays in its mode, still correct
             pass
+        # as the request cache: in WAL mode NORMAL keeps every commit safe from a crash of the process (a lost
+        # embedding is computed again anyway) without an fsync per call (a third of an iteration's cache time
+        # at N=600 here: 1.9 -> 1.35 ms for 120 new texts)
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
 
     def _key(self, text: str) -> str:
