@@ -20,7 +20,8 @@ empty request cache) in a fresh process, so that its peak resident memory is its
   the table per K its fixed part and its marginal cost per request (the least-squares line over the N's);
 - embedding throughput (synthetic texts / embedding time; the holder embeds the private texts inside its
   voting time) against the encoder's peak measured in this process on the same kind of texts (the server's
-  answers: two joined reviews), with the embedder's own batch size on the same device;
+  answers: two joined reviews), with the embedder's own batch size on the same device; and, before the table, the
+  encoder alone on calls of one iteration's size (N / T texts): what a run of that N could reach at most;
 - voting time, peak resident memory (and bytes per sample over the smallest N), the requests sent;
 and after the largest cell, the request cache's cost per request with its rows (get and put, 1,000 each).
 A second table gives the server's view of each cell, from its own request log (`server_view`): how full the
@@ -289,9 +290,13 @@ def server_view(log_dir: Path, windows: list[tuple[float, float]], concurrency: 
             "served_ms": (served / count - latency) * 1e3}
 
 
-def encoder_peak(texts: list[str], embedder_name: str, device: str) -> float:
+def encoder_peak(texts: list[str], embedder_name: str, device: str,
+                 call_sizes: list[int]) -> tuple[float, dict[int, float]]:
     """texts/s of the run's encoder on texts like the server's answers, with its own batch size on the run's
-    device, in this process (after a warm-up): the most the run's embedding could reach."""
+    device, in this process (after a warm-up): the most the run's embedding could reach; and its texts/s on calls
+    of each of `call_sizes` texts (the new samples of one iteration: N / T), each size asked as often as makes
+    about a second at the peak (at least once): whether a small run's embedding is held back by its calls'
+    size, which no run of that size can change, or by something of its own."""
     from dpsynth.device import resolve_device
     from dpsynth.embed.sentence import SentenceTransformerEmbedder
 
@@ -299,7 +304,15 @@ def encoder_peak(texts: list[str], embedder_name: str, device: str) -> float:
     embedder.encode(texts[:64])
     start = time.perf_counter()
     embedder.encode(texts)
-    return len(texts) / (time.perf_counter() - start)
+    peak = len(texts) / (time.perf_counter() - start)
+    by_size: dict[int, float] = {}
+    for size in sorted(set(call_sizes)):
+        calls = [[texts[(k * size + i) % len(texts)] for i in range(size)] for k in range(math.ceil(peak / size))]
+        start = time.perf_counter()
+        for call in calls:
+            embedder.encode(call)
+        by_size[size] = sum(map(len, calls)) / (time.perf_counter() - start)
+    return peak, by_size
 
 
 def cache_cost(path: Path) -> tuple[int, float, float]:
@@ -374,12 +387,16 @@ def main() -> None:
     sample = 20_000 if resolve_device(args.device) == "cuda" else 2_000
     like_answers = [answer_text(texts, int.from_bytes(hashlib.sha256(str(i).encode()).digest()[:8], "big"))
                     for i in range(sample)]
-    peak = encoder_peak(like_answers, args.embedder, args.device)
+    call_sizes = [n // args.iterations for n in args.n if n // args.iterations <= sample]
+    peak, by_size = encoder_peak(like_answers, args.embedder, args.device, call_sizes)
     print(f"server {url} ({args.server_processes} processes): latency {args.latency} s, {args.concurrency} requests "
           f"in flight per generator from {args.processes} process(es) each, transport {args.transport}; "
           f"encoder peak {peak:.0f} texts/s ({args.embedder} on {args.device}, texts like the answers, this machine)"
           + ("; seeded numpy noise" if args.noise_seed is not None else "; OpenDP's exact noise")
           + (f"; switch interval {args.switch_interval} s" if args.switch_interval is not None else ""))
+    if by_size:
+        print("the encoder alone on calls of one iteration's new samples (N / T texts): " + "; ".join(
+            f"{size} texts {rate:.0f} texts/s ({rate / peak:.2f} of the peak)" for size, rate in by_size.items()))
     print("| K | N | requests | generation s | / latency bound | / ideal client | run's CPU in generation, cores "
           "| own ms/request | embedding texts/s | / peak | voting s | wall s | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

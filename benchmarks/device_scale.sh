@@ -47,7 +47,7 @@ run() {
     export PYTHONPATH=$PWD/src DPSYNTH_CACHE=$PWD/.devcache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
     { nproc; nvidia-smi -L 2>/dev/null || true; $py --version; } > "$out/machine.txt"
     # shellcheck disable=SC2086
-    timeout -k 10 400 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+    timeout -k 10 420 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k ${KS:-6 2} --n ${NS:-600 2400 9600 38400} --processes 2 --server-processes 4 \
         --server-log "$out/server-log" 2>&1 \
         | grep --line-buffered -v -E 'Loading weights|it/s\]' | tee "$out/api_scale.txt" || true
@@ -58,12 +58,12 @@ run() {
     # client (a request process spends about 1 ms of the SDK's CPU a request against 0.3 ms, so a round of 32
     # requests a process reached the server over about 30 ms: a fixed cost of every iteration that weighs most
     # where an iteration is one or two 0.2-s rounds; docs/scale.md, tenth and eleventh sessions)
-    timeout -k 5 80 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+    timeout -k 5 75 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k 6 --n ${SMALL_NS:-600 2400} --processes 2 --server-processes 4 --transport sdk 2>&1 \
         | grep --line-buffered -v -E 'Loading weights|it/s\]' | tee "$out/transport_sdk.txt" || true
     # and with 4 request processes a generator instead of 2 (the lean client): does halving each process's share
     # shorten it further?
-    timeout -k 5 80 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
+    timeout -k 5 75 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k 6 --n ${SMALL_NS:-600 2400} --processes 4 --server-processes 4 2>&1 \
         | grep --line-buffered -v -E 'Loading weights|it/s\]' | tee "$out/processes4.txt" || true
 }

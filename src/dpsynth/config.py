@@ -51,7 +51,8 @@ class GeneratorConfig(Section):
     timeout: float = Field(120.0, gt=0, description="seconds per API request")
     transport: Literal["auto", "sdk"] = Field(
         "auto", description="API generators: auto sends to a plain-http endpoint without a proxy through a lean "
-        "client (a third of the CPU a request), anything else through the OpenAI SDK; sdk always uses the SDK")
+        "client (about a quarter of the SDK's CPU a request), anything else through the OpenAI SDK; sdk always "
+        "uses the SDK")
     n_ctx: PositiveInt = 2048
     threads: PositiveInt | None = Field(
         None, description="CPU threads of a local llama.cpp model (default: every core available to this process); "

@@ -175,6 +175,8 @@ class OpenAICompatGenerator:
         key = os.environ.get(api_key_env)
         if key is None and base_url is None:
             raise DpsynthError(f"environment variable {api_key_env} is not set; export your API key there")
+        if key is not None and ("\n" in key or "\r" in key):  # a header cannot carry it; never echo the key
+            raise DpsynthError(f"environment variable {api_key_env} holds a line break; export the key alone")
         self._plain: PlainHttpClient | None = None
         self._client: Any = None
         if transport == "auto" and base_url is not None and transport_for(base_url) == "plain":
@@ -325,8 +327,28 @@ class OpenAICompatGenerator:
             except BaseException:  # e.g. an interrupt: nothing more is sent
                 stop.own.set()
                 todo.clear()
+                pool.shutdown(wait=True)  # the requests in flight come back (their retries stop)
+                self._hand_on_what_came_back(answered, results, on_result)
                 raise
         return results, error
+
+    @staticmethod
+    def _hand_on_what_came_back(answered: queue.SimpleQueue, results: list[GenerationResult | None],
+                                on_result: ResultCallback | None) -> None:
+        """After an interrupt, the answers of the requests that were in flight: paid for, so to `on_result` (the
+        request cache) all the same; its errors are not raised over the interrupt."""
+        while True:
+            try:
+                i, future = answered.get_nowait()
+            except queue.Empty:
+                return
+            if future.exception() is None and results[i] is None:
+                results[i] = future.result()
+                if on_result:
+                    try:
+                        on_result(i, future.result())
+                    except Exception:  # noqa: BLE001, S112 - the interrupt is what is raised
+                        continue
 
     def _hint_if_client_bound(self, requests: int, cpu_seconds: float, wall_seconds: float) -> None:
         """Say once when this process's CPU, not the server, set the pace of a batch (one process asks at most

@@ -61,13 +61,15 @@ def error_detail(body: bytes) -> str:
 
 
 def transport_for(base_url: str) -> str:
-    """'plain' where this module can reach the endpoint the way the SDK would (http, no proxy for its host),
-    else 'sdk'."""
+    """'plain' where this module reaches the endpoint as the SDK would (http, no credentials or query in the URL,
+    no proxy for its host: the environment's HTTP_PROXY / ALL_PROXY and NO_PROXY, and on macOS and Windows the
+    system's settings, which `urllib.request.getproxies` reads as httpx does), else 'sdk'."""
     parts = urllib.parse.urlsplit(base_url)
-    if parts.scheme != "http" or not parts.hostname:
+    if (parts.scheme != "http" or not parts.hostname or parts.username is not None or parts.password is not None
+            or parts.query or parts.fragment or not base_url.isascii() or any(c.isspace() for c in base_url)):
         return "sdk"
-    proxies = urllib.request.getproxies_environment()
-    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]  # public, not in typeshed
+    proxies = urllib.request.getproxies()
+    bypass = urllib.request.proxy_bypass  # type: ignore[attr-defined]  # public, not in typeshed
     if (proxies.get("http") or proxies.get("all")) and not bypass(parts.hostname):
         return "sdk"
     return "plain"
@@ -133,8 +135,10 @@ def _close_all(connections: deque[http.client.HTTPConnection]) -> None:
 
 def _closed_by_peer(sock: Any) -> bool:
     """Whether an idle kept-alive socket has anything to read: between answers that can only be the server's
-    close (or data it should not have sent), either way the connection cannot carry a request. `poll`, not
-    `select`: a process with many sockets may hold descriptors past select's limit of 1024."""
+    close (or data it should not have sent), either way the connection cannot carry a request. `poll` where there
+    is one (a process with many sockets may hold descriptors past `select`'s limit of 1024), `select` on Windows."""
+    if not hasattr(select, "poll"):
+        return bool(select.select([sock], [], [], 0)[0])
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(0))
