@@ -12,6 +12,8 @@
 # slots), server-log/ (the server's request log in requests.txt.gz, the cells' generation windows in cells.jsonl,
 # each cell's view in views.jsonl), transport_sdk.txt (K=6, N=600 and 2,400 again through the OpenAI SDK instead of
 # the lean client), processes4.txt (the same cells with 4 request processes a generator), machine.txt.
+# Afterwards, here: `.venv/bin/python benchmarks/server_timeline.py FILES_AT/server-log --k 6 --n 600` shows
+# each iteration's first request, first round and last answer as the server saw them.
 # A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
 #     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 SMALL_NS=600 PY=.venv/bin/python bash benchmarks/device_scale.sh run
 set -euo pipefail
