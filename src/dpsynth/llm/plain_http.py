@@ -3,16 +3,16 @@ this machine or the local network), on the standard library's `http.client`.
 
 Why: an API generator's requests are sent by one process (or a few: `processes:`), whose CPU a request sets how
 many it can ask a second and how long a round of requests takes to go out. The OpenAI SDK's generic `post` costs
-1.4-1.6 ms of CPU a request on this project's test machine (its request options, headers and httpx's
-transport layers), `http.client` on a kept-alive connection about 0.4 ms (docs/scale.md,
-benchmarks/openai_client_cost.py). Where the endpoint is a local server, that CPU, not the network, is the
-client's share of every round.
+1.1-1.6 ms of CPU a request on this project's 2-core test machine (its request options, headers and httpx's
+transport layers), `http.client` on a kept-alive connection 0.3-0.45 ms (0.27x in one run with 64 threads:
+docs/scale.md, benchmarks/openai_client_cost.py). Where the endpoint is a local server, that CPU, not the
+network, is the client's share of every round.
 
 What it does not do, so that the SDK still does it (`transport_for`): TLS (https endpoints: certificate stores,
-verification), proxies (HTTP_PROXY / ALL_PROXY from the environment, unless NO_PROXY names the host), redirects
-and compression. Errors come as `HttpStatusError` and `HttpConnectionError`, the two kinds the generator's retry
-rules know; the SDK's own errors are turned into the same two (`openai_backend`), so both transports retry,
-explain and count alike.
+verification), proxies (HTTP_PROXY / ALL_PROXY unless NO_PROXY names the host, and the system's settings on macOS
+and Windows), credentials in the URL, redirects and compression. Errors come as `HttpStatusError` and
+`HttpConnectionError`, the two kinds the generator's retry rules know; the SDK's own errors are turned into the
+same two (`openai_backend`), so both transports retry, explain and count alike.
 """
 
 from __future__ import annotations
