@@ -529,6 +529,32 @@ def test_a_generator_let_go_stops_its_request_processes_and_threads() -> None:
         assert not [t.name for t in threading.enumerate() if t.name.startswith("let-go-")]
 
 
+def test_one_process_s_calls_share_its_threads_which_stop_when_it_is_let_go() -> None:
+    """`processes: 1`: the sending threads (max_concurrency of them) are started once and shared by every call (a
+    pool per call started up to 64 threads on the way to each block's first request), and stop with the
+    generator."""
+    import gc
+
+    def threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("let-go-1-requests")]
+
+    with _echo_server() as url:
+        gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=4, name="let-go-1")
+        for call in range(3):
+            asked = [GenerationRequest(messages=(("user", f"{call}-{i}"),)) for i in range(10)]
+            assert [r.text for r in gen.generate(asked)] == [f"{call}-{i}" for i in range(10)]
+        started = threads()
+        assert 1 <= len(started) <= 4
+        gen.generate([GenerationRequest(messages=(("user", "again"),))])
+        assert set(threads()) <= set(started)  # the same threads, no new ones
+        del gen
+        gc.collect()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and threads():
+            time.sleep(0.05)
+        assert not threads()
+
+
 def _one_later(gen: OpenAICompatGenerator, text: str, after: float) -> list:
     """One request, asked `after` seconds from now (beside a batch another thread has in flight)."""
     time.sleep(after)
