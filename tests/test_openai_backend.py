@@ -529,6 +529,7 @@ def test_a_generator_let_go_stops_its_request_processes_and_threads() -> None:
         assert not [t.name for t in threading.enumerate() if t.name.startswith("let-go-")]
 
 
+@pytest.mark.timeout(120)
 def test_one_process_s_calls_share_its_threads_which_stop_when_it_is_let_go() -> None:
     """`processes: 1`: the sending threads (max_concurrency of them) are started once and shared by every call (a
     pool per call started up to 64 threads on the way to each block's first request), and stop with the
@@ -536,10 +537,10 @@ def test_one_process_s_calls_share_its_threads_which_stop_when_it_is_let_go() ->
     import gc
 
     def threads() -> list[threading.Thread]:
-        return [t for t in threading.enumerate() if t.name.startswith("let-go-1-requests")]
+        return [t for t in threading.enumerate() if t.name.startswith("shared-1-requests")]
 
     with _echo_server() as url:
-        gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=4, name="let-go-1")
+        gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=4, name="shared-1")
         for call in range(3):
             asked = [GenerationRequest(messages=(("user", f"{call}-{i}"),)) for i in range(10)]
             assert [r.text for r in gen.generate(asked)] == [f"{call}-{i}" for i in range(10)]
@@ -553,6 +554,28 @@ def test_one_process_s_calls_share_its_threads_which_stop_when_it_is_let_go() ->
         while time.monotonic() < deadline and threads():
             time.sleep(0.05)
         assert not threads()
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupted_call_does_not_wait_for_the_requests_of_another_call() -> None:
+    """`processes: 1`: the calls share the generator's threads, so an interrupted call's requests may be queued
+    behind another call's, which take 2 s; Ctrl-C (SIGINT, in the main thread's call) is raised at once, nothing
+    of the interrupted call is sent, and the other call's answers come back whole."""
+    import os
+    import signal
+
+    with _echo_server(delay=2.0) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=2)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            other = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"b{i}"),)) for i in range(2)])
+            time.sleep(0.1)  # both of its requests in flight, every thread taken
+            threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            start = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                gen.generate([GenerationRequest(messages=(("user", f"a{i}"),)) for i in range(2)])
+            assert time.monotonic() - start < 1.0
+            assert [r.text for r in other.result()] == ["b0", "b1"]
+        assert sorted(_Echo.arrived) == ["b0", "b1"]
 
 
 def _one_later(gen: OpenAICompatGenerator, text: str, after: float) -> list:
@@ -776,12 +799,13 @@ def test_a_request_that_cannot_be_sent_is_the_error_and_frees_its_slot(first: bo
         assert _Echo.most_in_flight == 4
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 @pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
-def test_a_call_waiting_for_a_slot_gets_the_next_one_freed() -> None:
+def test_a_call_waiting_for_a_slot_gets_the_next_one_freed(processes: int) -> None:
     """A call in flight reuses the slot of each answer for its next request, but not while another call waits
     for one (a run's replacements must not wait for the whole first batch to be sent)."""
     with _echo_server(delay=0.05) as url:
-        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
+        gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4)
 
         with ThreadPoolExecutor(max_workers=2) as pool:
             first = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(60)])
@@ -790,13 +814,14 @@ def test_a_call_waiting_for_a_slot_gets_the_next_one_freed() -> None:
         assert _Echo.arrived.index("late") < 30  # of 61: sent about 0.15 s into a batch that takes 0.75 s
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 @pytest.mark.timeout(120)  # a slot that is never given back would hang, not fail
-def test_a_small_call_beside_a_large_batch_gets_its_slots_within_the_next_answers() -> None:
+def test_a_small_call_beside_a_large_batch_gets_its_slots_within_the_next_answers(processes: int) -> None:
     """A run's replacements (a second call) must not trickle out one slot at a time until the first batch has sent
     all: the freed slots go to the call that holds fewest, so the eight late requests go out within about a round
     (before the fleet's hand-out they went out one per round, the last of them near the batch's end)."""
     with _echo_server(delay=0.1) as url:
-        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=8)
+        gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=8)
         late = [GenerationRequest(messages=(("user", f"late {i}"),)) for i in range(8)]
         with ThreadPoolExecutor(max_workers=2) as pool:
             first = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(80)])

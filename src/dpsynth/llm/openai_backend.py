@@ -341,9 +341,9 @@ class OpenAICompatGenerator:
         except BaseException:  # e.g. an interrupt: nothing more is sent
             stop.own.set()
             todo.clear()
-            for future in sent:
-                future.cancel()  # those still queued behind other calls' requests are not sent
-            futures_wait(sent)  # the requests in flight come back (their retries stop)
+            # those still queued (perhaps behind other calls' requests) are not sent, and not waited for: a
+            # cancelled future is done only once a thread reaches it; those in flight come back (no more retries)
+            futures_wait([future for future in sent if not future.cancel()])
             self._hand_on_what_came_back(answered, results, on_result)
             raise
         return results, error
