@@ -234,6 +234,7 @@ def test_a_key_with_a_line_break_is_refused_without_showing_it(monkeypatch: pyte
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_an_interrupt_still_hands_the_answers_in_flight_to_the_cache() -> None:
     """A generator asked from the main thread (a run's one API generator under a spend cap) and interrupted
     (Ctrl-C: SIGINT) while four requests are in flight: nothing more is sent, and the four answers, paid for,
