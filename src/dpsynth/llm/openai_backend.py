@@ -179,10 +179,11 @@ class OpenAICompatGenerator:
             raise DpsynthError(f"environment variable {api_key_env} is not set; export your API key there")
         if key is not None and ("\n" in key or "\r" in key):  # a header cannot carry it; never echo the key
             raise DpsynthError(f"environment variable {api_key_env} holds a line break; export the key alone")
+        bearer = key or "not-needed"  # a local server takes any key; the header is sent all the same
         self._plain: PlainHttpClient | None = None
         self._client: Any = None
         if transport == "auto" and base_url is not None and transport_for(base_url) == "plain":
-            self._plain = PlainHttpClient(base_url, key or "not-needed", timeout)
+            self._plain = PlainHttpClient(base_url, bearer, timeout)
         else:
             try:
                 import openai
@@ -192,8 +193,7 @@ class OpenAICompatGenerator:
             self._raw_response = _sdk_response_class()
             # The client does not retry: this backend retries everything itself, malformed answers included,
             # so that every retry is counted and bounded by the same max_retries.
-            self._client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url, max_retries=0,
-                                         timeout=timeout)
+            self._client = openai.OpenAI(api_key=bearer, base_url=base_url, max_retries=0, timeout=timeout)
         self._model = model
         self._base_url = base_url or "https://api.openai.com/v1"
         self.name = name or model
@@ -359,10 +359,10 @@ class OpenAICompatGenerator:
             except queue.Empty:
                 return
             if not future.cancelled() and future.exception() is None and results[i] is None:
-                results[i] = future.result()
+                result = results[i] = future.result()
                 if on_result:
                     try:
-                        on_result(i, future.result())
+                        on_result(i, result)
                     except Exception:  # noqa: BLE001, S112 - the interrupt is what is raised
                         continue
 
