@@ -416,6 +416,33 @@ def test_plms_build_their_blocks_one_at_a_time_every_first_block_first(tmp_path:
     assert not any(overlapped)
 
 
+def test_each_plm_s_first_block_is_claimed_before_the_next_plm_builds(tmp_path: Path) -> None:
+    """A builder holds the interpreter lock: the block thread that looks up and claims the block built before it
+    waited behind it, so no PLM's first request went out before every PLM had built (found with
+    benchmarks/generation_overhead.py). The turn is now held until the block is handed to the backend."""
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+    events: list[tuple[str, str]] = []
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool):
+        events.append(("built", plan.plm))
+        return zero_shot(plan, attempt, chat)
+
+    class _Recording(RequestCache):
+        def claim(self, keys):
+            events.append(("claimed", self.plm))
+            return super().claim(keys)
+
+    plms = ("a", "b", "c")
+    generators = {}
+    for plm in plms:
+        cache = _Recording(tmp_path / f"{plm}.sqlite")
+        cache.plm = plm
+        generators[plm] = CachedGenerator(_Blocked(64), cache)
+    generate_samples(0, plans=[GenerationPlan(p, {"positive": 5}) for p in plms], generators=generators,
+                     existing=[], max_attempts=1, make_requests=make)
+    assert events == [(kind, plm) for plm in plms for kind in ("built", "claimed")]
+
+
 def test_build_turns_go_to_the_lowest_block_waiting() -> None:
     from dpsynth.methods.asking import _BuildTurns
 

@@ -101,11 +101,6 @@ def ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], l
         answered = known(plm) if known is not None else {}
         stop = threading.Event()  # a block failed: no more are sent
         results: dict[tuple[str, int], GenerationResult] = {}
-        blocks_made = itertools.count()
-
-        def make_in_turn(part: GenerationPlan) -> list[tuple[str, GenerationRequest]]:
-            with turns.take(next(blocks_made)):
-                return make(part)
 
         def ask_block(block: list[tuple[str, int, GenerationRequest]], sending: threading.Event) -> None:
             missing: list[tuple[str, int, GenerationRequest]] = []
@@ -137,14 +132,17 @@ def ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], l
         futures: list[Future] = []
         pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="dpsynth-block")
         try:
-            for block in _blocks(plan, make_in_turn, first):
-                if stop.is_set():
-                    break
-                sending = threading.Event()
-                futures.append(pool.submit(ask_block, block, sending))
-                # the next block is built once this one is on its way: its look-ups and claims would
-                # otherwise wait for the interpreter lock behind the building
-                sending.wait()
+            blocks = _blocks(plan, make, first)
+            for number in itertools.count():
+                with turns.take(number):
+                    block = next(blocks, None)
+                    if block is None or stop.is_set():
+                        break
+                    sending = threading.Event()
+                    futures.append(pool.submit(ask_block, block, sending))
+                    # the turn is held until the block is on its way: its look-ups and claims would
+                    # otherwise wait for the interpreter lock behind the next builder
+                    sending.wait()
             pool.shutdown(wait=True)
         except BaseException as err:  # building failed, or an interrupt: no more blocks are sent
             stop.set()
@@ -175,11 +173,16 @@ class _BuildTurns:
     """The PLMs of one `ask_all` build their blocks of requests one at a time, the lowest block number waiting
     first (so every first block asked for goes before any second block then waiting; in order of asking among
     equals). The PLMs that build their whole plan in one block (a spend cap, no stated concurrency) build outside
-    the turns, so as not to hold the others' first blocks. Why: building is CPU under
-    the run's one interpreter lock, so PLMs building side by side only slowed each other, and each PLM's first
-    request went out only once all of them had built their first blocks (and begun their second): 31-50 ms into an
-    iteration at K=6 in `benchmarks/generation_overhead.py`, where one PLM's first block takes 2-3 ms. In turns,
-    the first PLM's first block goes out after its own build, the last one's after the K first blocks."""
+    the turns, so as not to hold the others' first blocks. A turn lasts until its block has been looked up in the
+    request cache, claimed and handed to the backend (`ask_all`). Why: building is CPU under the run's one
+    interpreter lock, so PLMs building side by side only slowed each other, and each PLM's first request went out
+    only once all of them had built their first blocks (and begun their second): 31-50 ms into an iteration at K=6
+    in `benchmarks/generation_overhead.py`, where one PLM's first block takes 2-3 ms. And a block's look-up and
+    claim, on a thread of its own, waited for the lock behind the next PLM's building (each database call gives
+    the lock up and waits to take it back), so with turns that ended at the build the first request still went
+    out only after every PLM had built (10-12 ms into an iteration at K=6 with 20 requests each; 4-5 ms with the
+    turn held to the hand-over). In turns, the first PLM's first block goes out after its own build, the last
+    one's after the K first blocks."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
