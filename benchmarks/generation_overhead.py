@@ -51,7 +51,8 @@ class IdealEndpoint:
     thread. `states_concurrency=False`: the endpoint does not say how many it has in flight, so a run sends each
     batch in one call (as before the blocks)."""
 
-    runs_remotely, chat = True, True
+    # sending costs this process nothing, as with request processes (`processes:`; methods/asking.py: _BuildTurns)
+    runs_remotely, chat, sends_elsewhere = True, True, True
 
     def __init__(self, name: str, texts: list[str], latency: float, concurrency: int, drop: int,
                  states_concurrency: bool) -> None:

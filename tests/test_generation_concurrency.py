@@ -416,10 +416,17 @@ def test_plms_build_their_blocks_one_at_a_time_every_first_block_first(tmp_path:
     assert not any(overlapped)
 
 
-def test_each_plm_s_first_block_is_claimed_before_the_next_plm_builds(tmp_path: Path) -> None:
+class _FromElsewhere(_Blocked):
+    """As `_Blocked`, sending from request processes (as a `processes:` fleet)."""
+
+    sends_elsewhere = True
+
+
+def test_a_fleet_s_first_block_is_claimed_before_the_next_plm_builds(tmp_path: Path) -> None:
     """A builder holds the interpreter lock: the block thread that looks up and claims the block built before it
     waited behind it, so no PLM's first request went out before every PLM had built (found with
-    benchmarks/generation_overhead.py). The turn is now held until the block is handed to the backend."""
+    benchmarks/generation_overhead.py). For backends that send from other processes the turn now lasts until the
+    block is handed over."""
     zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
     events: list[tuple[str, str]] = []
 
@@ -437,10 +444,35 @@ def test_each_plm_s_first_block_is_claimed_before_the_next_plm_builds(tmp_path: 
     for plm in plms:
         cache = _Recording(tmp_path / f"{plm}.sqlite")
         cache.plm = plm
-        generators[plm] = CachedGenerator(_Blocked(64), cache)
+        generators[plm] = CachedGenerator(_FromElsewhere(64), cache)
     generate_samples(0, plans=[GenerationPlan(p, {"positive": 5}) for p in plms], generators=generators,
                      existing=[], max_attempts=1, make_requests=make)
     assert events == [(kind, plm) for plm in plms for kind in ("built", "claimed")]
+
+
+def test_a_one_process_backend_s_turn_ends_with_the_build(tmp_path: Path) -> None:
+    """A backend that sends from this process's threads needs the interpreter lock to send: the next PLM builds
+    while the block before it is claimed and sent (held to the hand-over, the first round went out later,
+    docs/scale.md). Here `a`'s claim waits until `b` has built: held to the hand-over, it would wait 10 s."""
+    zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
+    b_built = threading.Event()
+
+    def make(plan: GenerationPlan, attempt: int, chat: bool):
+        out = zero_shot(plan, attempt, chat)
+        if plan.plm == "b":
+            b_built.set()
+        return out
+
+    class _WaitsForB(RequestCache):
+        def claim(self, keys):
+            assert b_built.wait(10), "a's turn lasted until its block was claimed"
+            return super().claim(keys)
+
+    generators = {"a": CachedGenerator(_Blocked(64), _WaitsForB(tmp_path / "a.sqlite")),
+                  "b": CachedGenerator(_Blocked(64), RequestCache(tmp_path / "b.sqlite"))}
+    generate_samples(0, plans=[GenerationPlan(p, {"positive": 5}) for p in ("a", "b")], generators=generators,
+                     existing=[], max_attempts=1, make_requests=make)
+    assert b_built.is_set()
 
 
 def test_build_turns_go_to_the_lowest_block_waiting() -> None:

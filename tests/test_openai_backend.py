@@ -430,6 +430,7 @@ def test_requests_from_several_processes_come_back_in_order_with_their_retries_c
         assert [r.text for r in out] == [f"text {i}" for i in range(40)]
         assert sorted(seen) == list(range(40)), "every answer handed over once"
         assert gen.retries == 3
+        assert gen.sends_elsewhere and not OpenAICompatGenerator("m", base_url=url).sends_elsewhere
         again = gen.generate(requests[:5])  # the workers stay up between batches
         assert [r.text for r in again] == [f"text {i}" for i in range(5)]
     finally:

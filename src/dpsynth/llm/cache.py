@@ -360,6 +360,13 @@ class CachedGenerator:
         share this machine's cores and run one at a time."""
         return bool(getattr(self.inner, "runs_remotely", False))
 
+    @property
+    def sends_elsewhere(self) -> bool:
+        """The backend's requests go out from other processes (a `processes:` fleet), so handing it a batch
+        costs this process little CPU and its sending does not compete with the run's own work for the
+        interpreter lock (methods/asking.py: `_BuildTurns`)."""
+        return bool(getattr(self.inner, "sends_elsewhere", False))
+
     def generate(
         self, requests: Sequence[GenerationRequest], on_result: ResultCallback | None = None,
         on_sending: Callable[[], None] | None = None, stop: threading.Event | None = None,

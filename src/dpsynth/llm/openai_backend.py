@@ -228,6 +228,11 @@ class OpenAICompatGenerator:
         return self._retries + (self._fleet.retries if self._fleet is not None else 0)
 
     @property
+    def sends_elsewhere(self) -> bool:
+        """From request processes (`processes:` 2 or more), not this process's threads (CachedGenerator)."""
+        return self._fleet is not None
+
+    @property
     def max_concurrency(self) -> int:
         """Requests in flight at most, over every call and process."""
         return self._max_concurrency

@@ -124,6 +124,17 @@ def ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], l
             for label, j, r in block:
                 results[(label, j)] = answered[r] if r in answered else next(asked)
 
+        blocks_made = itertools.count()
+
+        def make_in_turn(part: GenerationPlan) -> list[tuple[str, GenerationRequest]]:
+            with turns.take(next(blocks_made)):
+                return make(part)
+
+        def send(block: list[tuple[str, int, GenerationRequest]]) -> threading.Event:
+            sending = threading.Event()  # set once the block is with the backend
+            futures.append(pool.submit(ask_block, block, sending))
+            return sending
+
         first = generator.concurrency if generator.remote and generator.guard is None else None
         if first is None:
             # one block, nothing sent meanwhile to build beside: no turn (it would hold the others' first blocks)
@@ -132,17 +143,20 @@ def ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], l
         futures: list[Future] = []
         pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="dpsynth-block")
         try:
-            blocks = _blocks(plan, make, first)
-            for number in itertools.count():
-                with turns.take(number):
-                    block = next(blocks, None)
-                    if block is None or stop.is_set():
+            # each block is built in a turn (`_BuildTurns`), and the next one once it is on its way
+            if generator.sends_elsewhere:  # the turn lasts until the block is with the backend
+                blocks = _blocks(plan, make, first)
+                for number in itertools.count():
+                    with turns.take(number):
+                        block = next(blocks, None)
+                        if block is None or stop.is_set():
+                            break
+                        send(block).wait()
+            else:  # the turn ends with the build
+                for block in _blocks(plan, make_in_turn, first):
+                    if stop.is_set():
                         break
-                    sending = threading.Event()
-                    futures.append(pool.submit(ask_block, block, sending))
-                    # the turn is held until the block is on its way: its look-ups and claims would
-                    # otherwise wait for the interpreter lock behind the next builder
-                    sending.wait()
+                    send(block).wait()
             pool.shutdown(wait=True)
         except BaseException as err:  # building failed, or an interrupt: no more blocks are sent
             stop.set()
@@ -173,16 +187,20 @@ class _BuildTurns:
     """The PLMs of one `ask_all` build their blocks of requests one at a time, the lowest block number waiting
     first (so every first block asked for goes before any second block then waiting; in order of asking among
     equals). The PLMs that build their whole plan in one block (a spend cap, no stated concurrency) build outside
-    the turns, so as not to hold the others' first blocks. A turn lasts until its block has been looked up in the
-    request cache, claimed and handed to the backend (`ask_all`). Why: building is CPU under the run's one
-    interpreter lock, so PLMs building side by side only slowed each other, and each PLM's first request went out
-    only once all of them had built their first blocks (and begun their second): 31-50 ms into an iteration at K=6
-    in `benchmarks/generation_overhead.py`, where one PLM's first block takes 2-3 ms. And a block's look-up and
-    claim, on a thread of its own, waited for the lock behind the next PLM's building (each database call gives
-    the lock up and waits to take it back), so with turns that ended at the build the first request still went
-    out only after every PLM had built (10-12 ms into an iteration at K=6 with 20 requests each; 4-5 ms with the
-    turn held to the hand-over). In turns, the first PLM's first block goes out after its own build, the last
-    one's after the K first blocks."""
+    the turns, so as not to hold the others' first blocks. Why: building is CPU under the run's one interpreter
+    lock, so PLMs building side by side only slowed each other, and each PLM's first request went out only once
+    all of them had built their first blocks (and begun their second): 31-50 ms into an iteration at K=6 in
+    `benchmarks/generation_overhead.py`, where one PLM's first block takes 2-3 ms.
+    Where a turn ends depends on where the backend sends from (`CachedGenerator.sends_elsewhere`). From request
+    processes (`processes:` 2 or more), it lasts until the block has been looked up in the request cache, claimed
+    and handed over: the block's database calls, on a thread of their own, otherwise waited for the lock behind
+    the next PLM's building (each call gives the lock up and waits to take it back), so no request went out
+    before every PLM had built (10-12 ms into an iteration at K=6 with 20 requests each against 4-5 ms; generation
+    1.29-1.32x its bound against 1.28-1.31x in `api_scale.py` with 2 request processes on 2 cores). From this
+    process's own threads, it ends with the build: those threads need the same lock to send, and a build beside
+    them slowed the first round (its last request 49 -> 61 ms into an iteration, 1.30-1.34x -> 1.33-1.40x with
+    the turn held to the hand-over). In turns, the first PLM's first block goes out after its own build, the
+    last one's after the K first blocks."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
