@@ -51,7 +51,9 @@ class IdealEndpoint:
     thread. `states_concurrency=False`: the endpoint does not say how many it has in flight, so a run sends each
     batch in one call (as before the blocks)."""
 
-    # sending costs this process nothing, as with request processes (`processes:`; methods/asking.py: _BuildTurns)
+    # sending costs this process nothing, as with request processes (`processes:`): so the run takes the path of
+    # a request fleet, whose build turns last until a block is handed over (methods/asking.py: _BuildTurns), not
+    # the one-process generator's (the default), whose turns end with the build
     runs_remotely, chat, sends_elsewhere = True, True, True
 
     def __init__(self, name: str, texts: list[str], latency: float, concurrency: int, drop: int,

@@ -447,32 +447,39 @@ def test_a_fleet_s_first_block_is_claimed_before_the_next_plm_builds(tmp_path: P
         generators[plm] = CachedGenerator(_FromElsewhere(64), cache)
     generate_samples(0, plans=[GenerationPlan(p, {"positive": 5}) for p in plms], generators=generators,
                      existing=[], max_attempts=1, make_requests=make)
-    assert events == [(kind, plm) for plm in plms for kind in ("built", "claimed")]
+    # whichever PLM's thread asks for its turn first builds first: each build is followed by its own claim
+    assert [kind for kind, _ in events] == ["built", "claimed"] * len(plms)
+    assert all(events[i][1] == events[i + 1][1] for i in range(0, len(events), 2))
+    assert sorted(plm for _, plm in events[::2]) == sorted(plms)
 
 
 def test_a_one_process_backend_s_turn_ends_with_the_build(tmp_path: Path) -> None:
     """A backend that sends from this process's threads needs the interpreter lock to send: the next PLM builds
     while the block before it is claimed and sent (held to the hand-over, the first round went out later,
-    docs/scale.md). Here `a`'s claim waits until `b` has built: held to the hand-over, it would wait 10 s."""
+    docs/scale.md). Here each PLM's claim waits until the other has built (whichever builds first): held to the
+    hand-over, the first one's claim would wait 10 s."""
     zero_shot = zero_shot_requests(TASK, PromptSettings(), 0, "t")
-    b_built = threading.Event()
+    built = {"a": threading.Event(), "b": threading.Event()}
 
     def make(plan: GenerationPlan, attempt: int, chat: bool):
         out = zero_shot(plan, attempt, chat)
-        if plan.plm == "b":
-            b_built.set()
+        built[plan.plm].set()
         return out
 
-    class _WaitsForB(RequestCache):
+    class _WaitsForTheOther(RequestCache):
+        def __init__(self, path: Path, other: str) -> None:
+            super().__init__(path)
+            self.other = other
+
         def claim(self, keys):
-            assert b_built.wait(10), "a's turn lasted until its block was claimed"
+            assert built[self.other].wait(10), "a turn lasted until its block was claimed"
             return super().claim(keys)
 
-    generators = {"a": CachedGenerator(_Blocked(64), _WaitsForB(tmp_path / "a.sqlite")),
-                  "b": CachedGenerator(_Blocked(64), RequestCache(tmp_path / "b.sqlite"))}
+    generators = {plm: CachedGenerator(_Blocked(64), _WaitsForTheOther(tmp_path / f"{plm}.sqlite", other))
+                  for plm, other in (("a", "b"), ("b", "a"))}
     generate_samples(0, plans=[GenerationPlan(p, {"positive": 5}) for p in ("a", "b")], generators=generators,
                      existing=[], max_attempts=1, make_requests=make)
-    assert b_built.is_set()
+    assert all(event.is_set() for event in built.values())
 
 
 def test_build_turns_go_to_the_lowest_block_waiting() -> None:

@@ -362,9 +362,10 @@ class CachedGenerator:
 
     @property
     def sends_elsewhere(self) -> bool:
-        """The backend's requests go out from other processes (a `processes:` fleet), so handing it a batch
-        costs this process little CPU and its sending does not compete with the run's own work for the
-        interpreter lock (methods/asking.py: `_BuildTurns`)."""
+        """The backend's requests go out from other processes (a `processes:` fleet): the HTTP work is done
+        there, so handing it a batch costs this process little CPU (the hand-out to the processes and their
+        answers still pass through it), and a run builds its next block once this one is handed over
+        (methods/asking.py: `_BuildTurns`)."""
         return bool(getattr(self.inner, "sends_elsewhere", False))
 
     def generate(

@@ -130,11 +130,6 @@ def ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], l
             with turns.take(next(blocks_made)):
                 return make(part)
 
-        def send(block: list[tuple[str, int, GenerationRequest]]) -> threading.Event:
-            sending = threading.Event()  # set once the block is with the backend
-            futures.append(pool.submit(ask_block, block, sending))
-            return sending
-
         first = generator.concurrency if generator.remote and generator.guard is None else None
         if first is None:
             # one block, nothing sent meanwhile to build beside: no turn (it would hold the others' first blocks)
@@ -142,6 +137,12 @@ def ask_all(plans: dict[str, GenerationPlan], make: Callable[[GenerationPlan], l
             return [(label, results[(label, j)]) for label, count in plan.per_label.items() for j in range(count)]
         futures: list[Future] = []
         pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="dpsynth-block")
+
+        def send(block: list[tuple[str, int, GenerationRequest]]) -> threading.Event:
+            sending = threading.Event()  # set once the block is with the backend
+            futures.append(pool.submit(ask_block, block, sending))
+            return sending
+
         try:
             # each block is built in a turn (`_BuildTurns`), and the next one once it is on its way
             if generator.sends_elsewhere:  # the turn lasts until the block is with the backend
@@ -195,12 +196,13 @@ class _BuildTurns:
     processes (`processes:` 2 or more), it lasts until the block has been looked up in the request cache, claimed
     and handed over: the block's database calls, on a thread of their own, otherwise waited for the lock behind
     the next PLM's building (each call gives the lock up and waits to take it back), so no request went out
-    before every PLM had built (10-12 ms into an iteration at K=6 with 20 requests each against 4-5 ms; generation
-    1.29-1.32x its bound against 1.28-1.31x in `api_scale.py` with 2 request processes on 2 cores). From this
-    process's own threads, it ends with the build: those threads need the same lock to send, and a build beside
-    them slowed the first round (its last request 49 -> 61 ms into an iteration, 1.30-1.34x -> 1.33-1.40x with
-    the turn held to the hand-over). In turns, the first PLM's first block goes out after its own build, the
-    last one's after the K first blocks."""
+    before every PLM had built (the first request 10-12 -> 4-5 ms into an iteration at K=6 with 20 requests each;
+    generation 1.30-1.33x -> 1.28-1.31x its bound in `api_scale.py` with 2 request processes on 2 cores). From
+    this process's own threads, it ends with the build: those threads need the same lock to send, and a build
+    beside them slowed the first round (held to the hand-over, its last request 49 -> 61 ms into an iteration,
+    generation 1.30-1.34x -> 1.35-1.40x). In turns, the first PLM's first block goes out after its own build, the
+    last one's after the K first blocks. Held to the hand-over, a turn also covers the request cache's waits for
+    another process's lock on a shared cache file (up to a minute): the other PLMs' builds wait with it."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
