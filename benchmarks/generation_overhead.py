@@ -51,14 +51,15 @@ class IdealEndpoint:
     thread. `states_concurrency=False`: the endpoint does not say how many it has in flight, so a run sends each
     batch in one call (as before the blocks)."""
 
-    # sending costs this process nothing, as with request processes (`processes:`): so the run takes the path of
-    # a request fleet, whose build turns last until a block is handed over (methods/asking.py: _BuildTurns), not
-    # the one-process generator's (the default), whose turns end with the build
-    runs_remotely, chat, sends_elsewhere = True, True, True
+    runs_remotely, chat = True, True
 
     def __init__(self, name: str, texts: list[str], latency: float, concurrency: int, drop: int,
-                 states_concurrency: bool) -> None:
+                 states_concurrency: bool, sends_elsewhere: bool = True) -> None:
         self.name, self.model_id = name, f"ideal:{name}"
+        # sending costs this process nothing, as with request processes (`processes:`): by default the run takes
+        # a request fleet's path, whose build turns last until a block is handed over (methods/asking.py:
+        # _BuildTurns); `--one-process`: a one-process generator's (the default), whose turns end with the build
+        self.sends_elsewhere = sends_elsewhere
         self._texts, self._latency, self._drop, self._free = texts, latency, drop, concurrency
         if states_concurrency:
             self.max_concurrency = concurrency
@@ -145,7 +146,8 @@ def one_iteration(k: int, n: int, blocks: bool, args: argparse.Namespace, texts:
     from dpsynth.llm.cache import CachedGenerator, RequestCache
     from dpsynth.methods.generation import generate_samples, plan_counts
 
-    endpoints = [IdealEndpoint(f"plm{g}", texts, args.latency, args.concurrency, args.drop, blocks) for g in range(k)]
+    endpoints = [IdealEndpoint(f"plm{g}", texts, args.latency, args.concurrency, args.drop, blocks,
+                               sends_elsewhere=not args.one_process) for g in range(k)]
     with tempfile.TemporaryDirectory() as tmp:
         cache = RequestCache(Path(tmp) / "requests.sqlite")
         generators = {e.name: CachedGenerator(e, cache) for e in endpoints}
@@ -171,12 +173,15 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--drop", type=int, default=1, help="percent of answers left empty (dropped, replaced)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--one-process", action="store_true", help="the path of a one-process generator (build "
+                        "turns end with the build), not a request fleet's (turns last to the hand-over)")
     args = parser.parse_args()
 
     texts, existing, make = wasp_requests(args.pool, seed=0)
     print(f"{args.n} requests an iteration, {args.concurrency} in flight per generator, latency {args.latency} s, "
           f"{args.drop}% empty answers, WASP's contrastive prompts over {args.pool} earlier samples; "
-          f"medians of {args.repeats}, the modes alternating")
+          f"medians of {args.repeats}, the modes alternating; "
+          + ("a one-process generator's build turns" if args.one_process else "a request fleet's build turns"))
     print("| K | requests sent | mode | generation s | / latency bound | / ideal client | first request sent after s "
           "| after the last answer s | vs before |")
     print("|---|---|---|---|---|---|---|---|---|")
