@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/generation_overhead.py                       # K=2 and K=6, 7,680 requests an iteration
     .venv/bin/python benchmarks/generation_overhead.py --k 6 --n 1920 --repeats 3
+    .venv/bin/python benchmarks/generation_overhead.py --k 6 --n 480 --one-process  # the default generator's turns
 
 Why: on the 16-core GPU machine WASP's generation stayed 1.12-1.50x its latency bound (docs/scale.md) although
 neither the requests' CPU nor the server was the limit. Part of a run's generation time is spent before the first
