@@ -51,6 +51,17 @@ def test_the_lean_client_takes_plain_http_endpoints_without_a_proxy(url: str, en
     assert transport_for(url) == expected
 
 
+def _reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict | None = None) -> None:
+    """A JSON answer with its length (the connection stays usable for the next request)."""
+    handler.send_response(status)
+    for name, value in (headers or {}).items():
+        handler.send_header(name, value)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class _ClosesIdleConnections(BaseHTTPRequestHandler):
     """Keeps a connection alive between requests, but closes it after 0.1 s idle (as uvicorn, in front of vLLM,
     does after 5 s); counts the connections it accepted."""
@@ -65,11 +76,7 @@ class _ClosesIdleConnections(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(ANSWER)))
-        self.end_headers()
-        self.wfile.write(ANSWER)
+        _reply(self, 200, ANSWER)
 
     def log_message(self, *args) -> None:
         pass
@@ -129,14 +136,7 @@ class _KeepAlive(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         time.sleep(wait)
-        body = ANSWER if status == 200 else b'{"error": {"message": "scripted"}}'
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _reply(self, status, ANSWER if status == 200 else b'{"error": {"message": "scripted"}}', headers)
 
     def log_message(self, *args) -> None:
         pass
