@@ -7,15 +7,18 @@
 # Then one device call (about 8.5 minutes: the whole call took 508 s on an H200 on 2026-11-27):
 #     run(command="bash benchmarks/device_scale.sh run", timeout_s=590,
 #         carry=[".whl", ".devmodel/minilm", ".devcache/corpora"])
-# The tables come back in $OUT (7 files: a device call brings back at most 8): api_scale.txt (generation against
+# The tables come back in $OUT (8 files: a device call brings back at most 8): api_scale.txt (generation against
 # the latency bound and an ideal client's time, per K and N, and the server's view: how full the client kept its
 # slots), server-log/ (the server's request log in requests.txt.gz, the cells' generation windows in cells.jsonl,
 # each cell's view in views.jsonl), transport_sdk.txt (K=6, N=600 and 2,400 again through the OpenAI SDK instead of
-# the lean client), processes4.txt (the same cells with 4 request processes a generator), machine.txt.
+# the lean client), processes4.txt (the same cells with 4 request processes a generator), encoder.txt (the
+# encoder's time taken apart: tokenizer, copies, forward pass; benchmarks/encoder_breakdown.py), machine.txt. That
+# is 8 files: nothing more can come back from one call.
 # Afterwards, here: `.venv/bin/python benchmarks/server_timeline.py FILES_AT/server-log --k 6 --n 600` shows
 # each iteration's first request, first round and last answer as the server saw them.
 # A smoke test of the run step on this machine (no GPU, a small part of the curve, nothing installed):
-#     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 SMALL_NS=600 PY=.venv/bin/python bash benchmarks/device_scale.sh run
+#     OUT=/tmp/scale DEVICE=cpu NS=600 KS=2 SMALL_NS=600 ENCODER_ARGS="--sizes 120 --forward-sizes 32" \
+#         PY=.venv/bin/python bash benchmarks/device_scale.sh run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,6 +71,12 @@ run() {
     timeout -k 5 75 $py benchmarks/api_scale.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm --noise-seed 1 \
         --k 6 --n ${SMALL_NS:-600 2400} --processes 4 --server-processes 4 2>&1 \
         | grep --line-buffered -v -E 'Loading weights|it/s\]' | tee "$out/processes4.txt" || true
+    # the encoder taken apart (about 25 s): its peak in api_scale (3,253 texts/s on an H200, MiniLM in fp16) is
+    # several times below what its size suggests, and N=600's 120-text calls reach 0.4 of that: which part sets
+    # the pace (the tokenizer, the copies, the forward pass's launches, sentence-transformers' own work)?
+    # shellcheck disable=SC2086
+    timeout -k 5 40 $py benchmarks/encoder_breakdown.py --device "${DEVICE:-cuda}" --embedder .devmodel/minilm \
+        ${ENCODER_ARGS:-} 2>&1 | grep --line-buffered -v -E 'Loading weights|deprecated' | tee "$out/encoder.txt" || true
 }
 
 case "${1:-}" in

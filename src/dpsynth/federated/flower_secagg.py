@@ -15,7 +15,7 @@ SecAgg+ details that matter for DP (see docs/federated.md):
   levels before masking; C is sized by `voting.clip_range` so clipping is a
   delta-accounted rare event, and the rounding step is reported;
 - Flower's own threshold only counts key shares, and it halts *silently* (no exception):
-  `_ThresholdedSecAggPlus` also refuses to unmask unless at least `min_parties` parties
+  `ThresholdedSecAggPlus` also refuses to unmask unless at least `min_parties` parties
   contributed masked vectors, and a round without a sum raises here.
 """
 

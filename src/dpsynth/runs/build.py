@@ -1,7 +1,8 @@
-"""Build a run's parts from its config: generators, embedders, the ledger and the data holder.
+"""Build a run's parts from its config: generators, the data holder and label proportions; and the checks made
+before a run starts.
 
-This is the only place that turns config entries into live objects, so the engine reads as
-the loop it is, and a test can build the same parts without running anything.
+The engine makes only the ledger and the lazily loaded embedder itself, so it reads as the loop it is, and a test
+can build the same parts without running anything.
 """
 
 from __future__ import annotations
