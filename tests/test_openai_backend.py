@@ -245,23 +245,30 @@ def test_a_cost_cap_stops_the_run_and_a_raised_cap_resumes_it(llama_server: str,
 
 @pytest.mark.server
 def test_wasp_through_real_llama_cpp_server(llama_server: str, tmp_path: Path, monkeypatch) -> None:
+    """Two API generators side by side through a real server: one sends from this process's threads, the other
+    from a fleet of two request processes (`processes: 2`, the path of the papers' scale, docs/scale.md)."""
     monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
     private = _private_reviews(tmp_path)
+    prices = {"price_per_prompt_token": 1e-6, "price_per_completion_token": 2e-6}
     config = parse_config({
         "data": {"private": str(private)},
         "task": {"text_kind": "movie review", "labels": {"pos": "a positive review", "neg": "a negative review"}},
         "generators": [{"kind": "openai", "model": "smollm2", "base_url": llama_server, "max_concurrency": 4,
-                        "name": "server-smol", "price_per_prompt_token": 1e-6, "price_per_completion_token": 2e-6}],
+                        "name": "server-smol", **prices},
+                       {"kind": "openai", "model": "smollm2", "base_url": llama_server, "max_concurrency": 4,
+                        "processes": 2, "name": "server-fleet", **prices}],
         "wasp": {"n": 12, "iterations": 2, "q": 2, "s": 2, "max_tokens": 24},
         "privacy": {"epsilon": 2.0, "delta": 1e-3, "noise_seed": 0},
         "evaluate": False,
     })
     result = Run.create(config, tmp_path / "run").execute()
-    lines = (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()
-    assert len(lines) >= 10
-    assert {json.loads(x)["iteration"] for x in lines} == {0, 1}
-    usage = result["metrics"]["usage"]["server-smol"]
-    assert usage["completion_tokens"] > 0 and usage["cost"] > 0
+    rows = [json.loads(x) for x in (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()]
+    assert len(rows) >= 10
+    assert {x["iteration"] for x in rows} == {0, 1}
+    assert {x["plm"] for x in rows} == {"server-smol", "server-fleet"}
+    for name in ("server-smol", "server-fleet"):
+        usage = result["metrics"]["usage"][name]
+        assert usage["completion_tokens"] > 0 and usage["cost"] > 0
     assert result["privacy"]["epsilon"] <= 2.0
 
 
