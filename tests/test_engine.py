@@ -84,7 +84,8 @@ def test_every_method_runs_and_pays_what_budget_plans(method: str, labels: str |
         or method in ("zero-shot", "fusegen")
     assert (tmp_path / "run" / "synthetic.jsonl").read_text().count("\n") >= 6
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert "voting" not in metrics["timings"], "private-side time (it grows with M) stays out of metrics.json"
+    private_time = {"voting", "training", "data_holder"}  # runs/outputs.py: PRIVATE_TIMINGS
+    assert not private_time & set(metrics["timings"]), "private-side time (it grows with M) stays out of metrics.json"
     # the dry run's estimate of the requests: what was asked, less the re-asks of dropped or duplicate samples
     planned = plan_privacy(parse_config(raw)).method.planned_requests(2)
     asked = sum(u["requests"] for u in metrics["usage"].values())
@@ -116,6 +117,22 @@ def test_a_crash_after_a_release_never_draws_it_again(crash_after: int, saved: i
     assert privacy["epsilon"] <= 2.0 * (1 + 1e-6)
     asked = [(r.seed, r.prompt_text()) for r in FakeGenerator.calls]
     assert len(asked) == len(set(asked)), "no generation was paid twice"
+
+
+def test_resume_refuses_a_changed_unit_of_privacy_even_where_no_sensitivity_shows_it(tmp_path: Path) -> None:
+    """A run begun per person (k = 1: every sensitivity the same as per record) must not go on per record, nor the
+    other way round: the ledger's stated unit would be wrong for the releases already made."""
+    raw = _config(tmp_path, "wasp")
+    csv = tmp_path / "people.csv"
+    csv.write_text("text,label,person\n" + "".join(f"{t},{y},p{i}\n" for i, (t, y) in enumerate(PRIVATE)))
+    raw["data"] = {"private": str(csv), "person_column": "person"}
+    Run.create(parse_config(raw), tmp_path / "run").execute()
+    path = tmp_path / "run" / "config.yaml"
+    edited = yaml.safe_load(path.read_text())
+    edited["data"]["person_column"] = None
+    path.write_text(yaml.safe_dump(edited))
+    with pytest.raises(DpsynthError, match="the unit of privacy"):
+        Run.resume(tmp_path / "run").execute()
 
 
 def test_resume_refuses_a_changed_privacy_setting_and_old_checkpoints(tmp_path: Path) -> None:
@@ -253,3 +270,20 @@ def test_fusegen_interrupted_mid_run_resumes_to_the_uninterrupted_samples(crash_
     FakeGenerator.fail_after = None
     Run.resume(tmp_path / "run").execute()
     assert (tmp_path / "run" / "synthetic.jsonl").read_text() == whole
+
+
+def test_every_request_through_the_holders_door_is_timed_as_private_time() -> None:
+    """Each of a step's requests to the data holder is timed where it enters (`HolderRequests`), as training (DP
+    training) or voting (every other release), so that none is left in the time a run shares (DPGA's keyword
+    votes and length bounds, asked directly, once were)."""
+    from dpsynth.private.holder import HolderRequests
+
+    class Holder:
+        def __getattr__(self, name: str):
+            return lambda *args, **kwargs: name
+
+    timed: list[tuple[str, str]] = []
+    door = HolderRequests(Holder(), on_time=lambda key, since: timed.append((key, name)))  # type: ignore[arg-type]
+    for name in HolderRequests.__slots__:
+        assert getattr(door, name)() == name
+    assert timed == [("training" if name == "train_adapter" else "voting", name) for name in HolderRequests.__slots__]

@@ -213,10 +213,29 @@ def test_party_level_sensitivity_and_plain_mode_noise_shares() -> None:
             "wasp": {"q": 8}}
     party = parse_config({**base, "federated": {"parties": 150, "unit": "party", "max_records_per_party": 8}})
     plan = plan_privacy(party)
-    assert sensitivity(plan) == pytest.approx(13.06, abs=0.01)  # PRIVACY.md: m * 1.63298 (the paper uses 32)
+    assert sensitivity(plan) == pytest.approx(13.06, abs=0.01)  # PRIVACY.md: m * 1.63298
+    paper = plan.paper()
+    assert paper is not None and paper.sensitivity == 32.0  # the WASP paper's user-level Delta for m = 8
     assert plan.party_sigma(10.0) == pytest.approx(10.0 / math.sqrt(150))
     plain = parse_config({**base, "federated": {"parties": 10, "aggregation": "plain"}})
     assert plan_privacy(plain).party_sigma(3.0) == 3.0  # each party carries the full sigma
+
+
+@pytest.mark.parametrize("method", ["wasp", "augpe"])
+def test_with_a_party_as_the_unit_every_release_scales_by_its_records(method: str) -> None:
+    """`federated.unit: party` protects a party's m records: every release's sensitivity is m times the per-record
+    one, the DP label histogram's too (it once kept the per-record 1, so a run at eps 4 spent 5.5)."""
+    from dpsynth.runs.planning import plan_privacy
+
+    base = {"data": {"corpus": "rotten_tomatoes", "m": 300}, "generators": [{"model": "smollm2-135m-instruct"}],
+            "privacy": {"label_proportions": "dp", "label_histogram_sigma": 20.0}, method: {}}
+    per_record = plan_privacy(parse_config({**base, "federated": {"parties": 10}}))
+    per_party = plan_privacy(parse_config({**base, "federated": {"parties": 10, "unit": "party",
+                                                                 "max_records_per_party": 8}}))
+    releases = {r.name: r.sensitivity for r in per_record.schedule.releases}
+    assert any(name.startswith("labels") for name in releases)
+    assert {r.name: r.sensitivity for r in per_party.schedule.releases} == {
+        name: pytest.approx(8 * value) for name, value in releases.items()}
 
 
 def test_run_summary_prints_any_method_and_the_federation(capsys) -> None:

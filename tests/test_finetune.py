@@ -266,8 +266,8 @@ def test_checkpoint_holds_only_dp_trained_state(fresh: tuple[Any, Any, np.ndarra
         assert word.encode() not in raw and word.encode("utf-16-le") not in raw
 
     state = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
-    assert set(state) == {"settings", "step", "adapter", "adam"}
-    assert state["step"] == 2 and state["settings"] == cfg.fingerprint()
+    assert set(state) == {"settings", "unit", "step", "adapter", "adam"}
+    assert state["step"] == 2 and state["settings"] == cfg.fingerprint() and state["unit"] == "record"
     assert np.array_equal(state["adapter"].numpy(), trained)
     assert {k for s in state["adam"]["state"].values() for k in s} == {"step", "exp_avg", "exp_avg_sq"}
     shapes = {tuple(t.shape) for s in state["adam"]["state"].values() for t in s.values()}
@@ -278,6 +278,9 @@ def test_checkpoint_holds_only_dp_trained_state(fresh: tuple[Any, Any, np.ndarra
 
     with pytest.raises(DpsynthError, match="other training settings"):
         train_adapter(model, tok, [PROMPT] * 13, texts, settings(steps=3), checkpoint_dir=tmp_path)
+    # steps sampled and clipped per record do not go on as person-level training (nor the other way round)
+    with pytest.raises(DpsynthError, match="each record as the unit of privacy"):
+        train_adapter(model, tok, [PROMPT] * 13, texts, cfg, checkpoint_dir=tmp_path, groups=np.arange(13) // 2)
 
 
 def _leaves(obj: Any) -> list[Any]:

@@ -303,7 +303,8 @@ def _private_only(cell: dict, config, test) -> dict:
 
     scores = private_only_scores(config, test, seed=cell["seed"])
     return {**_keys(cell), "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
-            "samples": scores["train_size"], "epsilon_spent": None, "note": "private samples, NOT DP (reference)",
+            # the exact number of private records is never written, not even beside this NOT-DP reference
+            "samples": None, "epsilon_spent": None, "note": "private samples, NOT DP (reference)",
             "correct": scores["correct"], "predicted": scores.get("predicted")}
 
 

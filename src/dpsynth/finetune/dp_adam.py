@@ -124,7 +124,8 @@ def train_adapter(
         raise DpsynthError("the model has no trainable parameters: add a LoRA adapter first")
     adam = torch.optim.Adam(params, lr=settings.learning_rate)
     checkpoint = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
-    start = _restore(checkpoint, settings, model, adam) if checkpoint is not None and checkpoint.exists() else 0
+    unit = "record" if groups is None else "person"  # what the Poisson draw and the clipping are over
+    start = _restore(checkpoint, settings, unit, model, adam) if checkpoint is not None and checkpoint.exists() else 0
     if start >= settings.steps:
         return adapter_vector(model)
 
@@ -155,7 +156,7 @@ def train_adapter(
                 grad_norm = _dp_step(gsm, optimizer, params, encoded, batch, units[batch])
             done = step + 1
             if checkpoint is not None and (done % settings.checkpoint_every == 0 or done == settings.steps):
-                _save(checkpoint, settings, model, adam, done)
+                _save(checkpoint, settings, unit, model, adam, done)
             if on_step is not None:
                 on_step(done, grad_norm)
     finally:
@@ -232,10 +233,13 @@ def _stream_seed(seed: int, step: int, stream: int) -> int:
     return int(np.random.SeedSequence([seed, step, stream]).generate_state(1, np.uint64)[0])
 
 
-def _save(path: Path, settings: TrainSettings, model: torch.nn.Module, adam: torch.optim.Optimizer, step: int) -> None:
-    """One file, written atomically: DP-trained state only (adapter, Adam's moments, step) and the settings hash."""
+def _save(path: Path, settings: TrainSettings, unit: str, model: torch.nn.Module, adam: torch.optim.Optimizer,
+          step: int) -> None:
+    """One file, written atomically: DP-trained state only (adapter, Adam's moments, step), the settings hash and
+    the unit the steps so far were sampled and clipped over ('record' or 'person')."""
     state = {
         "settings": settings.fingerprint(),
+        "unit": unit,
         "step": step,
         "adapter": torch.from_numpy(adapter_vector(model)),
         "adam": adam.state_dict(),
@@ -245,8 +249,10 @@ def _save(path: Path, settings: TrainSettings, model: torch.nn.Module, adam: tor
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def _restore(path: Path, settings: TrainSettings, model: torch.nn.Module, adam: torch.optim.Optimizer) -> int:
-    """Load a checkpoint of these settings into the model and Adam; returns the number of steps it holds."""
+def _restore(path: Path, settings: TrainSettings, unit: str, model: torch.nn.Module,
+             adam: torch.optim.Optimizer) -> int:
+    """Load a checkpoint of these settings and this unit into the model and Adam; returns the number of steps it
+    holds. A checkpoint written before the unit was saved has none to compare: its settings decide."""
     try:
         # on the CPU whatever device wrote it: Adam's load_state_dict moves its moments to the parameters' device,
         # so a run trained on a GPU resumes on a CPU (and back) without redoing a shown step
@@ -257,6 +263,12 @@ def _restore(path: Path, settings: TrainSettings, model: torch.nn.Module, adam: 
         raise DpsynthError(
             f"training checkpoint {path} was written with other training settings; "
             "remove it or train into another directory"
+        )
+    if state.get("unit", unit) != unit:
+        raise DpsynthError(
+            f"training checkpoint {path} was trained with each {state['unit']} as the unit of privacy, this run "
+            f"trains per {unit}; the steps already taken would not carry this run's guarantee: remove it or train "
+            "into another directory"
         )
     load_adapter_vector(model, state["adapter"].numpy())
     adam.load_state_dict(state["adam"])

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from dpsynth.config import RunConfig, Section
+from dpsynth.config import RunConfig, Section, records_per_unit
 from dpsynth.data.records import TaskSpec
 from dpsynth.llm.cache import CachedGenerator
 from dpsynth.methods.generation import SyntheticSample
@@ -79,6 +79,14 @@ OptionsT = TypeVar("OptionsT", bound=Section)
 StateT = TypeVar("StateT", bound=MethodState)
 
 
+def add_time(timings: dict[str, float], loads: list[tuple[float, float]], key: str, since: float) -> float:
+    """Add the time since `since` to `timings[key]`, less the lazy model loads (start, seconds) that began
+    meanwhile (the engine counts those as `load_models`); returns the seconds added."""
+    seconds = time.perf_counter() - since - sum(took for start, took in loads if start >= since)
+    timings[key] = timings.get(key, 0.0) + seconds
+    return seconds
+
+
 @dataclass
 class StepContext:
     """Everything a step may use. Private data is reachable only through `holder`."""
@@ -98,8 +106,7 @@ class StepContext:
     def add_time(self, key: str, since: float) -> None:
         """Add the time since `since` to `key`, less the lazy loads that began meanwhile (`loads`: the engine
         counts those as `load_models`), so that embedding, voting or evaluation time measures that work only."""
-        loaded = sum(seconds for start, seconds in self.loads if start >= since)
-        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - since - loaded
+        add_time(self.timings, self.loads, key, since)
 
     def phase(self, what: str, done: int) -> None:
         if self.progress is not None:
@@ -120,12 +127,11 @@ class StepContext:
     def noisy_votes_on(self, samples: list[SyntheticSample], spec: VoteSpec, release: tuple[str, int | None],
                        phase: str) -> np.ndarray:
         """The votes every voting method asks for: embed the samples (cached), ask the data holder for the
-        release's noisy votes on them (timed as voting, which metrics.json leaves out), report the phase."""
+        release's noisy votes on them (its requests are timed as voting, which metrics.json leaves out), report
+        the phase."""
         self.phase(phase, 0)
         emb = self.embed_synthetic(samples)
-        t0 = time.perf_counter()
         noisy = self.holder.noisy_votes(spec, emb, self.label_ids(samples), release=release)
-        self.add_time("voting", t0)
         self.phase(phase, 1)
         return noisy
 
@@ -198,7 +204,8 @@ class Method(ABC, Generic[OptionsT, StateT]):
         p = self.config.privacy
         if p.label_proportions != "dp":
             return Schedule((), ())
-        sens = histogram_sensitivity(p.adjacency, max_records_per_user=p.max_records_per_user)
+        # per unit of privacy: a person's k records, or, in a federation with `unit: party`, a party's m records
+        sens = histogram_sensitivity(p.adjacency, max_records_per_user=records_per_unit(self.config))
         return Schedule(
             releases=gaussian_releases(LABELS_RELEASE, [None], LABEL_SIGMA, sens),
             knobs=(Knob(LABEL_SIGMA, value=p.label_histogram_sigma,

@@ -148,10 +148,8 @@ def local_gguf_path(config: RunConfig) -> Path:
 def train_adapter_once(ctx: StepContext, request: AdapterTraining, release: tuple[str, int | None]) -> str:
     """Ask the data holder for the DP-trained adapter (the release is charged and trained once; later asks
     get the saved adapter); returns the adapter's hash, which names it in the state and the cache."""
-    t0 = time.perf_counter()
-    adapter = ctx.holder.train_adapter(request, release=release,
+    adapter = ctx.holder.train_adapter(request, release=release,  # timed as training by the holder's door
                                        on_step=training_progress(ctx, request.total_steps))
-    ctx.add_time("training", t0)
     return _hash(adapter)
 
 

@@ -170,7 +170,6 @@ class Popri(Method[PopriOptions, PopriState]):
         emb = ctx.embed_synthetic(candidates)
         labels = ctx.label_ids(candidates)
         n_labels = len(ctx.task.label_names)
-        t0 = time.perf_counter()
         info: dict = {}
         sigma = ctx.knobs.get(SCORE_SIGMA, 0.0)
         noise = np.zeros(n_labels)  # the noise scale of one candidate's score, per label
@@ -188,7 +187,6 @@ class Popri(Method[PopriOptions, PopriState]):
             names = ctx.task.label_names
             public = ctx.embed([f"{ctx.task.text_kind} ({c}: {ctx.task.labels[c]})" for c in names])
             scores = centroid_scores(public, emb, labels, n_labels)
-        ctx.add_time("voting", t0)
         present = np.unique(labels)
         info["std_within_label"] = float(np.mean([scores[labels == c].std() for c in present]))
         if sigma > 0:

@@ -17,8 +17,12 @@ from dpsynth.privacy.accountant import epsilon_tight, gaussian_mu, primary_accou
 from dpsynth.privacy.ledger import PrivacyLedger
 
 
-def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report of a finished run; `plan` is the run's schedule as described by its planner."""
+def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, Any] | None = None,
+                   run_delta: float | None = None) -> dict[str, Any]:
+    """The report of a finished run; `plan` is the run's schedule as described by its planner. `run_delta`: the
+    delta the run's guarantee holds at, where the accountant's is smaller (a SecAgg+ federation keeps a share of
+    delta for the chance that clipping changes a noisy vote: federated/clipping.py). The report's `delta` is the
+    guarantee's, never the smaller one, and `accounting_delta` then says what the epsilon was computed at."""
     spent = ledger.spent()
     groups = scope_groups(ledger.events)
     private = ledger.is_private
@@ -26,7 +30,8 @@ def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, An
         # JSON has no infinity: a non-private run reports epsilon null and says so.
         "differentially_private": private,
         "epsilon": spent.epsilon if private else None,
-        "delta": ledger.delta,
+        "delta": ledger.delta if run_delta is None else run_delta,
+        **({"accounting_delta": ledger.delta} if run_delta is not None and run_delta != ledger.delta else {}),
         "epsilon_budget": ledger.epsilon_budget if math.isfinite(ledger.epsilon_budget) else None,
         "within_budget": spent.epsilon <= ledger.epsilon_budget * (1 + 1e-6),
         "accountant": {

@@ -69,7 +69,11 @@ class HolderRequests:
     """What a method's step gets: the holder's requests, and nothing else (no ledger, no store, no records).
 
     Each request is a plain function forwarding to the holder, so no public or private attribute of
-    this object leads to the holder's state; only the noisy results come back.
+    this object leads to the holder's state; only the noisy results come back. `on_time(key, since)` is told when
+    each request began (perf_counter), once it has returned, under "training" (DP training) or "voting" (every
+    other release): the time inside the holder grows with the number of private records, so the run keeps it out
+    of what it shares (runs/outputs.py: PRIVATE_TIMINGS). Timed here, at the one door to the holder, no request
+    a method makes can be left out (DPGA's keyword votes and length bounds once were).
     """
 
     __slots__ = ("noisy_votes", "noisy_label_counts", "noisy_length_histogram", "length_bound", "train_adapter")
@@ -79,17 +83,23 @@ class HolderRequests:
     length_bound: Callable[..., int]
     train_adapter: Callable[..., np.ndarray]
 
-    def __init__(self, holder: DataHolder) -> None:
+    def __init__(self, holder: DataHolder, on_time: Callable[[str, float], None] | None = None) -> None:
         for name in self.__slots__:
-            object.__setattr__(self, name, _forward(getattr(holder, name)))
+            key = "training" if name == "train_adapter" else "voting"
+            object.__setattr__(self, name, _forward(getattr(holder, name), key, on_time))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("the data holder's requests cannot be replaced")
 
 
-def _forward(request: Callable) -> Callable:
+def _forward(request: Callable, key: str, on_time: Callable[[str, float], None] | None) -> Callable:
     def call(*args, **kwargs):
-        return request(*args, **kwargs)
+        since = time.perf_counter()
+        try:
+            return request(*args, **kwargs)
+        finally:
+            if on_time is not None:
+                on_time(key, since)
 
     call.__name__, call.__doc__ = request.__name__, request.__doc__
     return call

@@ -27,7 +27,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, cache_dir, create_owner_only, ensure_writable_dir, lock_run_dir
 from dpsynth.llm.base import Usage
 from dpsynth.llm.spend import SpendCapReached
-from dpsynth.methods.base import MethodState, StepContext
+from dpsynth.methods.base import MethodState, StepContext, add_time
 from dpsynth.methods.generation import SyntheticSample
 from dpsynth.methods.relabel import RELABEL, RELABEL_SIGMA, relabel_stage
 from dpsynth.methods.resample import RESAMPLE, RESAMPLE_SIGMA, resample_stage
@@ -139,7 +139,7 @@ class Run:
         t0 = time.perf_counter()
         return simulate(self.config, live.ctx.task, live.embedder, live.holder, lambda: self._iterate(live),
                         min_records=self.method.min_private_records(),
-                        on_embedded=lambda: live.ctx.add_time("embedding", t0), given=self._given)
+                        on_embedded=lambda: live.ctx.add_time(outputs.DATA_HOLDER_TIME, t0), given=self._given)
 
     def serve(self, grid: Any, flower_context: Any) -> dict:
         """Run as the ServerApp of a deployed Flower federation (parties on their own machines)."""
@@ -196,18 +196,30 @@ class Run:
         loads: list[tuple[float, float]] = []
         embedder = LazyEmbedder(cfg.embedder, device=resolve_device(cfg.device),
                                 on_load=lambda seconds: _count_load(timings, loads, seconds))
+        # the holder's own time (loading and checking the private records, the label counts) grows with the
+        # number of private records: kept apart from model loading, and out of what the run shares
+        since = time.perf_counter()
         holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, task=task, embedder=embedder,
                               given=self._given)
+        private_seconds = add_time(timings, loads, outputs.DATA_HOLDER_TIME, since)
         generators = build_generators(cfg, usage)  # a bad model file or key fails before any model loads
         # A federated run's private label proportions are a round of the federation, which starts later.
         requests = cast(DataHolder, holder)  # a central or federated holder: both answer every request
+        since = time.perf_counter()
         shares = (saved["label_shares"] if saved is not None else {} if cfg.federated is not None
                   else label_shares(cfg, task, requests, self.method.label_release()))
+        private_seconds += add_time(timings, loads, outputs.DATA_HOLDER_TIME, since)
         synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
+
+        def on_time(key: str, began: float) -> None:  # the holder's requests: voting or training, kept private
+            add_time(timings, loads, key, began)
+
+        door = HolderRequests(requests, on_time=on_time)
         ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
-                          holder=HolderRequests(requests), embed=synth.encode, progress=self.progress, timings=timings,
+                          holder=door, embed=synth.encode, progress=self.progress, timings=timings,
                           files=self.dir.method_files, knobs=dict(knobs), loads=loads)
         ctx.add_time("load_models", t0)
+        timings["load_models"] -= private_seconds
         return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg))
 
     def _knobs(self) -> dict[str, float]:
@@ -299,13 +311,11 @@ class Run:
         ctx.phase("correcting labels with DP label centroids", 0)
         embeddings = ctx.embed_synthetic(samples)
         task = ctx.task
-        t0 = time.perf_counter()
         chosen, stats = relabel_stage(
             self.config.relabel, samples=samples, embeddings=embeddings, label_ids=ctx.label_ids(samples),
             label_names=task.label_names, holder=ctx.holder, release=(RELABEL, None),
             sigma=live.knobs.get(RELABEL_SIGMA, 0.0),
             public_centroids=lambda: ctx.embed([f"{task.text_kind} ({c}: {task.labels[c]})" for c in task.label_names]))
-        ctx.add_time("voting", t0)  # the holder's sums (and its embedding of the private texts) are inside
         live.state.relabelled = chosen
         ctx.phase("correcting labels with DP label centroids", 1)
         return {"iteration": t, "relabel": stats}
@@ -316,12 +326,10 @@ class Run:
         assert self.config.resample is not None  # only runs with a resample: stage get here
         ctx.phase("resampling to a DP cluster histogram", 0)
         embeddings = ctx.embed_synthetic(samples)
-        t0 = time.perf_counter()
         chosen, stats = resample_stage(self.config.resample, samples=samples, embeddings=embeddings,
                                        label_ids=ctx.label_ids(samples), labels=len(ctx.task.label_names),
                                        holder=ctx.holder, release=(RESAMPLE, None),
                                        sigma=live.knobs[RESAMPLE_SIGMA], seed=self.config.seed)
-        ctx.add_time("voting", t0)  # the holder's histogram (and its embedding of the private texts) is inside
         live.state.resampled = chosen
         ctx.phase("resampling to a DP cluster histogram", 1)
         return {"iteration": t, "resample": stats}
@@ -376,7 +384,7 @@ class Run:
         outputs.write_synthetic(self.dir, samples)
         description = self.plan.describe(live.knobs)
         report = outputs.write_privacy(self.dir, live.ledger, live.holder.noise.mode, description,
-                                       private_records_read=reads_private(self.plan))
+                                       private_records_read=reads_private(self.plan), run_delta=cfg.privacy.delta)
         outputs.write_card(self.dir, cfg, ctx.task, report, samples)
         evaluation = None
         if cfg.evaluate and live.test is not None:
@@ -404,9 +412,11 @@ def _changed_fields(before: dict, now: dict) -> str:
              "federation": "federated (parties, aggregation, min_parties)",
              "releases": "the schedule of releases (iterations, Q, unit of privacy, label proportions ...)",
              "fixed": "a fixed noise setting (privacy.label_histogram_sigma)",
-             "final_stages": "the final stages (relabel:, resample:)"}
-    # a checkpoint written before final stages were fingerprinted has no such key: nothing to compare it with
-    diff = [names[k] for k in names if (k in before or k != "final_stages") and before.get(k) != now.get(k)]
+             "final_stages": "the final stages (relabel:, resample:)",
+             "unit": "the unit of privacy (data.person_column, privacy.max_records_per_user, federated.unit)"}
+    # a checkpoint written before final stages (or the unit) were fingerprinted has no such key: nothing to compare
+    later = {"final_stages", "unit"}
+    diff = [names[k] for k in names if (k in before or k not in later) and before.get(k) != now.get(k)]
     return ", ".join(diff)
 
 

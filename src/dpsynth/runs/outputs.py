@@ -20,8 +20,10 @@ from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.report import privacy_report, write_privacy_report
 from dpsynth.runs.card import PARQUET, dataset_card
 
-# time inside the data holder's releases, which depends on the private set's size
-PRIVATE_TIMINGS = ("voting", "training")
+# time inside the data holder, which depends on the private set's size: its releases (voting, training) and its
+# own work outside them (loading and checking the private records, the label counts, a federation's shards)
+DATA_HOLDER_TIME = "data_holder"
+PRIVATE_TIMINGS = ("voting", "training", DATA_HOLDER_TIME)
 
 
 def write_synthetic(run_dir: RunDir, samples: list[SyntheticSample]) -> None:
@@ -51,11 +53,12 @@ def write_card(run_dir: RunDir, config: RunConfig, task: TaskSpec, report: dict,
 
 
 def write_privacy(run_dir: RunDir, ledger: PrivacyLedger, noise_mode: str, plan: dict | None,
-                  private_records_read: bool = True) -> dict:
+                  private_records_read: bool = True, run_delta: float | None = None) -> dict:
     """The privacy report, written only if the ledger is within its budget (checked here, at release).
     `private_records_read` says whether the data holder opened the private data at all (a method without
     private releases, e.g. zero-shot or FuseGen, never does)."""
-    report = {**privacy_report(ledger, noise_mode=noise_mode, plan=plan), "private_records_read": private_records_read}
+    report = {**privacy_report(ledger, noise_mode=noise_mode, plan=plan, run_delta=run_delta),
+              "private_records_read": private_records_read}
     if not report["within_budget"]:
         raise AssertionError("ledger exceeds the budget at release: refusing to write outputs")
     write_privacy_report(run_dir.privacy, report)

@@ -118,7 +118,19 @@ class PrivacyPlan:
                 "adjacency": p.adjacency.value,
                 "releases": [[r.name, r.knob, r.sensitivity] for r in self.schedule.releases],
                 "fixed": {k.name: k.value for k in self.schedule.knobs if k.value is not None},
-                "federation": self._federation(), "final_stages": self.final_stages()}
+                "federation": self._federation(), "final_stages": self.final_stages(), "unit": self._unit()}
+
+    def _unit(self) -> list:
+        """The unit of privacy as [kind, records it may hold]: a record, a person (data.person_column, at most
+        privacy.max_records_per_user records) or a party (federated.unit). Not every release's sensitivity shows a
+        change of it (DP-SGD's does not: clipping bounds a person's summed gradient whatever k is), so it is
+        fingerprinted on its own: a run begun per record must not resume per person, or the other way round."""
+        fed = self.config.federated
+        if fed is not None and fed.unit == "party":
+            return ["party", records_per_unit(self.config)]
+        if fed is None and self.config.data.person_column is not None:
+            return ["person", records_per_unit(self.config)]
+        return ["record", 1]
 
     def final_stages(self) -> list[str]:
         """The stages after the method's iterations, in the order the run takes them (the engine numbers them by
