@@ -388,6 +388,15 @@ def test_version_is_exposed(tmp_path: Path) -> None:
     ({"method": "popri", "popri": {"j": 1}}, "popri.j: Input should be greater than or equal to 2"),
     ({"method": "popri", "federated": {"parties": 2}}, "popri has no federated mode"),
     ({"method": "popri", "popri": {"scoring": "vote"}}, "popri.scoring: Input should be 'votes', 'centroid' or"),
+    # a negative or NaN price made every cost check pass, so max_cost never stopped the spending
+    ({"generators": [{"kind": "openai", "model": "m", "base_url": "http://h/v1", "max_cost": 1.0,
+                      "price_per_prompt_token": -1e-6}]},
+     "price_per_prompt_token: Input should be greater than or equal to 0"),
+    ({"generators": [{"kind": "openai", "model": "m", "base_url": "http://h/v1", "max_cost": 1.0,
+                      "price_per_completion_token": float("nan")}]},
+     "price_per_completion_token: Input should be a finite number"),
+    ({"generators": [{"kind": "openai", "model": "m", "base_url": "127.0.0.1:8000/v1"}]},
+     "base_url '127.0.0.1:8000/v1' needs its scheme: http://127.0.0.1:8000/v1"),
 ])
 def test_more_config_errors_are_one_line(change: dict, needle: str, tmp_path: Path) -> None:
     """Issue 33's own further cases (docs/bad-input.md rows 23i-23o): each one line, before anything runs."""
@@ -426,12 +435,20 @@ def _set(path: str, value: object):
     ([_set("data.private", "nodata")], "nodata: a directory, but not one written by datasets' save_to_disk"),
     ([_set("data.private", None), _set("data.hub", "someone/x")], "Hub dataset someone/x (split train) could not"),
     ([_set("data.private", None), _set("data.in_memory", True)], "were given in Python; give them again"),
+    # found before the run directory (they once were found after it, which then blocked the corrected config)
+    ([_set("generators.0.model", "nope.gguf")], "model 'nope.gguf' is neither a known local model"),
+    ([_set("generators.0.kind", "openai"), _set("generators.0.model", "gpt-x"),
+      _set("generators.0.api_key_env", "DPSYNTH_TEST_UNSET_KEY")], "DPSYNTH_TEST_UNSET_KEY is not set"),
+    ([_set("data.person_column", None), _set("privacy.max_records_per_user", None), _set("data.private", None),
+      _set("data.corpus", "imdb"), _set("data.m", 50)], "unknown corpus 'imdb'"),
+    ([_set("data.test", "foreign.csv")], "data.test: labels ['neg', 'pos'] are not among the task's labels"),
 ])
 def test_issue_36_inputs_are_one_line_errors_before_the_run_directory(changes: list, needle: str,
                                                                        tmp_path: Path) -> None:
     """Issue 33's further cases for the person column, data sources and spend caps (docs/bad-input.md rows
     31b-31n, 62a-62c), through the real CLI: exit 2, one line, no traceback, no run directory."""
     (tmp_path / "nodata").mkdir()
+    (tmp_path / "foreign.csv").write_text("text,label\ngreat film,pos\nbad film,neg\n")
     raw = _config(tmp_path, PERSON_ROWS)
     raw["data"]["person_column"] = "patient"
     raw["privacy"]["max_records_per_user"] = 2
@@ -447,3 +464,25 @@ def test_issue_36_inputs_are_one_line_errors_before_the_run_directory(changes: l
 
 def test_dry_run_of_a_resume_is_refused(tmp_path: Path) -> None:
     _one_line_error(_cli("run", "--resume", "x", "--dry-run", cwd=tmp_path), "--dry-run plans a new run")
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "run.yaml").write_bytes("method: w\xe4sp\n".encode("latin-1"))
+    _one_line_error(_cli("run", "run.yaml", "--dry-run", cwd=tmp_path), "run.yaml: not UTF-8 text (byte 9)")
+    _one_line_error(_cli("budget", "--config", "run.yaml", cwd=tmp_path), "not UTF-8 text")
+
+
+def test_budget_refuses_a_nan_sigma_and_no_parties(tmp_path: Path) -> None:
+    """A NaN sigma was printed as zero privacy loss."""
+    _one_line_error(_cli("budget", "wasp", "--sigma", "nan", cwd=tmp_path), "--sigma must be > 0 (got nan)")
+    _one_line_error(_cli("budget", "wasp", "--epsilon", "4", "--parties", "0", cwd=tmp_path),
+                    "--parties must be at least 1 (got 0)")
+
+
+def test_writing_onto_a_folder_names_the_folder() -> None:
+    import tempfile
+
+    from dpsynth.fs import atomic_write_text
+
+    with tempfile.TemporaryDirectory() as folder, pytest.raises(DpsynthError, match="is a folder; give the path"):
+        atomic_write_text(Path(folder), "x")

@@ -369,3 +369,29 @@ def test_fine_tuned_encoder_trains_small_sets_for_at_least_min_steps() -> None:
     assert s.epochs_for(40) == 40  # 2 batches an epoch
     assert s.epochs_for(120) == 12  # 7 batches an epoch
     assert s.epochs_for(1600) == 10 and s.epochs_for(5) == 80
+
+
+def test_a_bench_config_is_checked_whole_before_its_first_cell(tmp_path: Path, monkeypatch) -> None:
+    """A typo in a later variant, or a baseline that is not a variant, fails before any cell runs (a typo once
+    waited until the cells before it had run and paid); a validation error names its field."""
+    import yaml
+
+    from dpsynth.bench.grid import load_bench, run_grid
+    from dpsynth.runs import engine
+
+    def write(raw: dict) -> Path:
+        path = tmp_path / "b.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return path
+
+    variants = [{"name": "zero-shot", "method": "zero-shot"},
+                {"name": "wasp", "method": "wasp", "overrides": {"wasp": {"iteratons": 3}}}]
+    bench = load_bench(write({"base": BASE, "seeds": [0], "variants": variants}))
+    monkeypatch.setattr(engine, "Run", _Refuse)
+    with pytest.raises(DpsynthError, match="wasp.iteratons: Extra inputs are not permitted"):
+        run_grid(bench, tmp_path / "out", log=lambda line: None)
+    assert not (tmp_path / "out" / "cells").exists()
+    with pytest.raises(DpsynthError, match="baseline 'nope' is not a variant"):
+        load_bench(write({"base": BASE, "baseline": "nope", "variants": variants[:1]}))
+    with pytest.raises(DpsynthError, match=r"b.yaml: variants.0.overides: Extra inputs are not permitted"):
+        load_bench(write({"base": BASE, "variants": [{"name": "w", "method": "wasp", "overides": {}}]}))

@@ -287,3 +287,18 @@ def test_every_request_through_the_holders_door_is_timed_as_private_time() -> No
     for name in HolderRequests.__slots__:
         assert getattr(door, name)() == name
     assert timed == [("training" if name == "train_adapter" else "voting", name) for name in HolderRequests.__slots__]
+
+
+def test_a_run_that_failed_before_spending_anything_can_be_started_again_in_its_directory(tmp_path: Path) -> None:
+    """A model that cannot be had is found once the run's directory and plan exist; nothing was spent, so the
+    corrected config starts in the same directory (it used to be refused as 'already holds a run', and a resume
+    read the broken config again)."""
+    raw = _config(tmp_path, "augpe")
+    broken = {**raw, "generators": [{"model": str(tmp_path / "nope.gguf")}]}
+    with pytest.raises(DpsynthError, match="nope.gguf"):
+        Run.create(parse_config(broken), tmp_path / "run").execute()
+    assert (tmp_path / "run" / "checkpoints" / "plan.json").exists()
+    Run.create(parse_config(raw), tmp_path / "run").execute()
+    assert (tmp_path / "run" / "metrics.json").exists()
+    with pytest.raises(DpsynthError, match="already holds a run"):  # one that spent something is kept
+        Run.create(parse_config(raw), tmp_path / "run")

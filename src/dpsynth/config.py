@@ -59,8 +59,9 @@ class GeneratorConfig(Section):
     threads: PositiveInt | None = Field(
         None, description="CPU threads of a local llama.cpp model (default: every core available to this process); "
         "lower it when several runs or models share the machine's cores")
-    price_per_prompt_token: float | None = None
-    price_per_completion_token: float | None = None
+    # finite and not negative: a negative or NaN price would make every cost check pass, so max_cost would never stop
+    price_per_prompt_token: float | None = Field(None, ge=0, allow_inf_nan=False)
+    price_per_completion_token: float | None = Field(None, ge=0, allow_inf_nan=False)
     max_requests: PositiveInt | None = Field(None, description="cap: paid (uncached) requests over the run")
     max_total_tokens: PositiveInt | None = Field(None, description="cap: paid prompt + completion tokens over the run")
     max_cost: PositiveFloat | None = Field(None, description="cap: cost over the run, in the prices' currency "
@@ -79,6 +80,13 @@ class GeneratorConfig(Section):
             raise ValueError("client-side rate limits pace one process: set processes: 1 with requests_per_minute "
                              "or tokens_per_minute")
         return self
+
+    @field_validator("base_url")
+    @classmethod
+    def _url_has_a_scheme(cls, url: str | None) -> str | None:
+        if url is not None and not url.lower().startswith(("http://", "https://")):
+            raise ValueError(f"base_url '{url}' needs its scheme: http://{url} or https://{url}")
+        return url
 
     @model_validator(mode="after")
     def _cost_needs_prices(self) -> GeneratorConfig:

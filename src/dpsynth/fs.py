@@ -70,6 +70,8 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
+    if path.is_dir():  # the rename would fail naming the temporary file, not the user's path
+        raise DpsynthError(f"{path} is a folder; give the path of a file to write")
     make_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -158,7 +160,15 @@ class RunDir:
         return self.root / ".lock"
 
     def is_started(self) -> bool:
-        return self.state.exists() or self.plan.exists()
+        """The directory holds a run that spent something: a checkpoint, a release (or a long release's partial
+        state), a method's files, or a spend cap's usage. A run that stopped before all of these (a model, corpus
+        or key that could not be had, found once its directory and plan existed) spent nothing: its generations, if
+        any, are in the user-wide request cache, so a new run may start in its place (`Run.create`)."""
+        def holds_files(folder: Path) -> bool:
+            return folder.is_dir() and any(folder.iterdir())
+
+        return (self.state.exists() or self.usage_at_stop.exists() or holds_files(self.releases)
+                or holds_files(self.method_files))
 
     def is_finished(self) -> bool:
         return self.metrics.exists()

@@ -37,8 +37,10 @@ from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, lock_run_dir
 from dpsynth.privacy.accountant import Adjacency
 from dpsynth.private.dataset import load_private, read_private_file
+from dpsynth.runs.build import check_before_start
 from dpsynth.runs.config import dump_config, parse_config
 from dpsynth.runs.engine import Run
+from dpsynth.runs.planning import plan_privacy
 
 DEFAULT_CANARIES = 64
 PARAMS_FILE = "audit-params.json"
@@ -108,6 +110,9 @@ def run_audit(config: RunConfig, out: Path, *, canaries: int = DEFAULT_CANARIES,
                            "with privacy.adjacency: add_remove")
     if not 0.5 <= confidence < 1:
         raise DpsynthError(f"--confidence must be in [0.5, 1), got {confidence}")
+    # what the audited run would find wrong with the user's own data, model or device fails before the audit's
+    # folder exists (and names the user's file, not the canaried copy the run is handed in memory)
+    check_before_start(plan_privacy(config))
     t0 = time.perf_counter()
     out = Path(out)
     lock = lock_run_dir(RunDir(out))  # one audit per directory: its run and privacy.json are shared

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dpsynth.config import RelabelConfig
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, exclusive_lock
+from dpsynth.llm.registry import check_generator
 from dpsynth.methods.registry import method_class, method_names
-from dpsynth.runs.config import parse_config
+from dpsynth.runs.config import first_error, parse_config
 
 PER_EXAMPLE = ("correct", "predicted", "ft_correct", "ft_predicted")  # kept out of results.csv
 PRIVATE_ONLY = "private_only"  # a reference row, not a method: the classifier trained on the private records
@@ -71,9 +72,21 @@ def load_bench(path: Path) -> BenchConfig:
     if not Path(path).is_file():
         raise DpsynthError(f"{path}: bench config not found")
     try:
-        return BenchConfig.model_validate(yaml.safe_load(Path(path).read_text()))
-    except Exception as err:  # pydantic and yaml errors: one line
-        raise DpsynthError(f"{path}: {str(err).splitlines()[0]}") from err
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise DpsynthError(f"{path}: not UTF-8 text (byte {err.start}); save the bench config as UTF-8 YAML") from err
+    except yaml.YAMLError as err:
+        raise DpsynthError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
+    if not isinstance(raw, dict):
+        raise DpsynthError(f"{path}: a bench config is a YAML mapping (name, base, variants, ...)")
+    try:
+        bench = BenchConfig.model_validate(raw)
+    except ValidationError as err:  # the field and the reason, in one line
+        raise DpsynthError(f"{path}: {first_error(err)}") from err
+    names = sorted({v.name for v in bench.variants})  # a name may repeat: its entries add cells to one variant
+    if "baseline" in bench.model_fields_set and bench.baseline is not None and bench.baseline not in names:
+        raise DpsynthError(f"{path}: baseline '{bench.baseline}' is not a variant (variants: {', '.join(names)})")
+    return bench
 
 
 def _merge(base: dict, overrides: dict) -> dict:
@@ -180,9 +193,14 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
     rows: dict[int, list[dict]] = {}
     left: list[int] = []  # cells claimed by another bench process
     grid = cells(bench)
+    # every cell's config is checked before the first runs: a typo in the last variant must not wait for (and
+    # let the grid pay for) the ones before it
+    configs = [parse_config(cell["config"], cell["name"]) for cell in grid]
+    for generator in {g.display_name: g for config in configs for g in config.generators}.values():
+        check_generator(generator)
     for i, cell in enumerate(grid):
         run_missing_here = run_missing and (wanted is None or cell["variant"] in wanted)
-        config = parse_config(cell["config"], cell["name"])
+        config = configs[i]
         test = load_test(config)
         if test is None:
             raise DpsynthError("bench needs a real test set: use data.corpus or data.test")
@@ -203,8 +221,7 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
         with claim:
             rows[i] = _cell_rows(bench, cell, config, test, out, run_missing_here, log, progress)
     for i in left:
-        cell = grid[i]
-        config = parse_config(cell["config"], cell["name"])
+        cell, config = grid[i], configs[i]
         log(f"waiting for {cell['name']} (run by another bench process)")
         claim = exclusive_lock(_claim_path(out, cell), wait=True)
         assert claim is not None, "a lock waited for is always granted"

@@ -60,8 +60,11 @@ def budget(
     if (epsilon is None) == (sigma is None):
         raise DpsynthError("give exactly one of --epsilon (to get the noise) or --sigma (to get epsilon)")
     for flag, value in (("--epsilon", epsilon), ("--sigma", sigma)):
-        if value is not None and value <= 0:
+        # not NaN either: a NaN sigma would print zero privacy loss
+        if value is not None and not value > 0:
             raise DpsynthError(f"{flag} must be > 0 (got {value})")
+    if parties < 1:
+        raise DpsynthError(f"--parties must be at least 1 (got {parties})")
     options: dict = {}
     if iterations is not None:
         options["iterations"] = iterations

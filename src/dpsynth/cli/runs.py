@@ -115,21 +115,28 @@ def _execute(config: RunConfig | None, run_dir: Path) -> None:
 
 @contextmanager
 def progress_bars() -> Iterator[tuple[Progress, Callable[[str, int, int], None]]]:
-    """One bar per phase of a run; the callback is the engine's `progress`."""
-    with Progress(
+    """One bar per phase of a run; the callback is the engine's `progress`. The bars appear with the first report:
+    an error found before it (a bad config, a model that cannot be had) stays the one line on the terminal."""
+    progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
         transient=False,
-    ) as progress:
-        tasks: dict[str, TaskID] = {}
+    )
+    tasks: dict[str, TaskID] = {}
 
-        def report(what: str, done: int, total: int) -> None:
-            # "phase: details" updates one bar per phase (e.g. the DP training's epsilon so far)
-            phase = what.split(": ", 1)[0] if what.startswith("DP ") else what
-            if phase not in tasks:
-                tasks[phase] = progress.add_task(what, total=total)
-            progress.update(tasks[phase], completed=done, total=max(total, done), description=what)
+    def report(what: str, done: int, total: int) -> None:
+        if not tasks:
+            progress.start()
+        # "phase: details" updates one bar per phase (e.g. the DP training's epsilon so far)
+        phase = what.split(": ", 1)[0] if what.startswith("DP ") else what
+        if phase not in tasks:
+            tasks[phase] = progress.add_task(what, total=total)
+        progress.update(tasks[phase], completed=done, total=max(total, done), description=what)
 
+    try:
         yield progress, report
+    finally:
+        if tasks:
+            progress.stop()
 
 
 def _print_summary(run_dir: Path, result: dict) -> None:

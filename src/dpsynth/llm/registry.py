@@ -44,6 +44,21 @@ def build_generator(cfg: GeneratorConfig) -> Generator:
     return _BACKENDS[cfg.kind](cfg)
 
 
+def check_generator(cfg: GeneratorConfig) -> None:
+    """What can be found wrong with a generator without building it (no model loads, no process starts, nothing is
+    asked): a model file that does not exist, a hosted API's key missing from the environment. A run checks this
+    before its directory exists, and `--dry-run` with it."""
+    import os
+
+    from dpsynth.llm.local_models import LOCAL_MODELS, resolve_local_model
+
+    if cfg.kind == "llama_cpp" and cfg.model not in LOCAL_MODELS:
+        resolve_local_model(cfg.model)
+    if cfg.kind == "openai" and cfg.base_url is None and os.environ.get(cfg.api_key_env) is None:
+        raise DpsynthError(f"generator {cfg.display_name}: environment variable {cfg.api_key_env} is not set; export "
+                           "your API key there (or give base_url for a server that needs none)")
+
+
 @register_backend("llama_cpp")
 def _llama_cpp(cfg: GeneratorConfig) -> Generator:
     from dpsynth.llm.llama_cpp_backend import LlamaCppGenerator

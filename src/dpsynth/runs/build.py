@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth.config import GeneratorConfig, RunConfig, has_private_final_stage
+from dpsynth.data.corpora import get_corpus
 from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import TaskSpec
 from dpsynth.device import resolve_device
@@ -20,7 +21,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.fs import cache_dir
 from dpsynth.llm.base import Usage
 from dpsynth.llm.cache import CachedGenerator, RequestCache
-from dpsynth.llm.registry import build_generator
+from dpsynth.llm.registry import build_generator, check_generator
 from dpsynth.llm.spend import SpendGuard, SpendLimits
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource
@@ -79,10 +80,18 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
     (issue 33): the data holder's own load and checks, run once ahead and kept nowhere."""
     config = plan.config
     resolve_device(config.device)  # `cuda` without a GPU fails here
+    for generator in config.generators:
+        check_generator(generator)
+    if config.data.corpus is not None:
+        get_corpus(config.data.corpus)  # an unknown name fails here (the corpus itself loads with the holder)
     task = task_for(config)
     plan.method.check_task(task)
     if config.evaluate and config.data.test is not None:
-        load_test(config)  # public: a missing or unreadable test file fails here, not after the run
+        test = load_test(config)  # public: a missing or unreadable test file fails here, not after the run
+        foreign = sorted(set(test.labels) - set(task.labels)) if test is not None else []
+        if foreign:  # the run writes none of them, so each such test example would only ever count as an error
+            raise DpsynthError(f"data.test: labels {foreign} are not among the task's labels "
+                               f"({', '.join(task.labels)}); give the test set of this task (or its label_column)")
     if config.data.own and config.federated is None and reads_private(plan):
         check_private(config, load_private(config, quiet=True, given=given), task,
                       min_records=plan.method.min_private_records())

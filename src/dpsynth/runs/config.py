@@ -25,10 +25,14 @@ def load_config(path: Path) -> RunConfig:
 def read_config(path: Path) -> dict:
     """A config file's YAML mapping, unvalidated (one-line errors for a missing file or bad YAML)."""
     path = Path(path)
+    if path.is_dir():
+        raise DpsynthError(f"{path}: a folder; give the run config file (YAML) itself")
     if not path.is_file():
         raise DpsynthError(f"{path}: config file not found")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise DpsynthError(f"{path}: not UTF-8 text (byte {err.start}); save the config as UTF-8 YAML") from err
     except yaml.YAMLError as err:
         raise DpsynthError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
     if not isinstance(raw, dict):
@@ -40,7 +44,7 @@ def parse_config(raw: dict, where: str = "config") -> RunConfig:
     try:
         config = RunConfig.model_validate(raw)
     except ValidationError as err:
-        raise DpsynthError(f"{where}: {_first_error(err)}") from err
+        raise DpsynthError(f"{where}: {first_error(err)}") from err
     names = method_names()
     if config.method not in names:
         raise DpsynthError(f"{where}: method: unknown method '{config.method}'; choose one of {', '.join(names)}")
@@ -54,7 +58,7 @@ def parse_config(raw: dict, where: str = "config") -> RunConfig:
         try:
             extra[key] = cls.Options.model_validate(extra[key] or {})
         except ValidationError as err:
-            raise DpsynthError(f"{where}: {key}.{_first_error(err)}") from err
+            raise DpsynthError(f"{where}: {key}.{first_error(err)}") from err
     known = backend_names()
     for i, g in enumerate(config.generators):
         if g.kind not in known:
@@ -71,7 +75,8 @@ def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def _first_error(err: ValidationError) -> str:
+def first_error(err: ValidationError) -> str:
+    """A validation error as one line: where (dotted path) and what."""
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")

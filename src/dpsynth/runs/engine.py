@@ -100,6 +100,8 @@ class Run:
         if d.is_started():
             run.close()
             raise DpsynthError(f"{d.root} already holds a run; resume it with `dpsynth run --resume {d.root}`")
+        if d.plan.exists():  # the plan of a run that stopped before spending anything: this one starts afresh
+            d.plan.unlink()
         atomic_write_text(d.config, dump_config(config))
         return run
 
