@@ -16,7 +16,8 @@ empty request cache) in a fresh process, so that its peak resident memory is its
 - the run's own process's CPU while it generates (all its threads, in cores: CPU seconds / wall seconds inside
   `generate_samples`; the request processes and the server excluded): near 1 with `processes:`, the process that
   routes, stores and cleans every answer under one interpreter lock is what sets the pace;
-- dpsynth's own time: the wall time less generation, embedding, voting and model loading, per request, and after
+- dpsynth's own time: the wall time less generation, embedding, the data holder's (voting, and loading the
+  private records) and model loading, per request, and after
   the table per K its fixed part and its marginal cost per request (the least-squares line over the N's);
 - embedding throughput (synthetic texts / embedding time; the holder embeds the private texts inside its
   voting time) against the encoder's peak measured in this process on the same kind of texts (the server's
@@ -432,7 +433,8 @@ def main() -> None:
                                  for record in m["iterations"]], args.concurrency, args.latency, WASP_ATTEMPTS)
             samples = sum(m["samples_per_plm"].values())
             embed_s = t.get("embedding", 0.0)
-            own = t["wall"] - t.get("generation", 0.0) - embed_s - t.get("voting", 0.0) - t.get("load_models", 0.0)
+            holder = t.get("voting", 0.0) + t.get("data_holder", 0.0)  # the data holder's time, private side
+            own = t["wall"] - t.get("generation", 0.0) - embed_s - holder - t.get("load_models", 0.0)
             throughput = samples / embed_s if embed_s else float("nan")  # the holder's private texts are in voting
             rss.setdefault(k, {})[n] = cell["peak_rss_bytes"]
             own_s.setdefault(k, {})[n] = (requests, own)
