@@ -163,6 +163,9 @@ def test_cli_unreachable_api(tmp_path: Path) -> None:
     cfg["evaluate"] = False
     proc = _cli("run", str(_write_config(tmp_path, cfg)), "-o", str(tmp_path / "r"), cwd=tmp_path)
     _one_line_error(proc, "unreachable after retries")
+    # said while it retries, once, not only after every retry is spent (a silent server took minutes to report)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("warning: x: no answer from")]
+    assert len(said) == 1 and "(max_retries: 1)" in said[0], proc.stderr
 
 
 def test_config_rejects_nan(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Any
 
-from dpsynth.errors import DpsynthError
+from dpsynth.errors import DpsynthError, warn_user
 from dpsynth.llm.base import CallStopped, GenerationRequest, GenerationResult, ResultCallback
 from dpsynth.llm.plain_http import HttpConnectionError, HttpStatusError, PlainHttpClient, transport_for
 from dpsynth.llm.request_fleet import RequestFleet
@@ -205,6 +205,7 @@ class OpenAICompatGenerator:
         self._pacer = pacer  # client-side requests / tokens per minute, applied to every attempt
         self._count_lock = threading.Lock()
         self._client_bound_said = False
+        self._said_retrying = False
         self._retries = 0  # requests sent again by this process
         # max_concurrency holds across calls: a run may ask this generator for replacements of dropped answers
         # while its main batch is still in flight (methods/generation.py)
@@ -411,10 +412,22 @@ class OpenAICompatGenerator:
                     raise
                 if failed is not None and failed.is_set():  # not its own failure: the one that stopped it is
                     raise CallStopped from err
+                if isinstance(err, HttpConnectionError):
+                    self._say_retrying(err)
             attempt += 1
             with self._count_lock:
                 self._retries += 1
             time.sleep(delay)
+
+    def _say_retrying(self, err: HttpConnectionError) -> None:
+        """Once per generator, on the terminal: a server that cannot be reached, or that takes `timeout` s without
+        answering, is otherwise waited for silently through every retry (minutes, at the default 120 s a try)."""
+        with self._count_lock:
+            if self._said_retrying:
+                return
+            self._said_retrying = True
+        warn_user(f"{self.name}: no answer from {self._base_url} ({str(err)[:100]}); retrying with backoff "
+                  f"(max_retries: {self._max_retries}): check that the server runs and answers")
 
     def _attempt(self, request: GenerationRequest) -> GenerationResult:
         if self._pacer is not None:
