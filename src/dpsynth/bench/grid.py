@@ -26,7 +26,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, exclusive_lock
 from dpsynth.llm.registry import check_generator
 from dpsynth.methods.registry import method_class, method_names
-from dpsynth.runs.config import first_error, parse_config
+from dpsynth.runs.config import first_error, parse_config, read_yaml_mapping
 
 PER_EXAMPLE = ("correct", "predicted", "ft_correct", "ft_predicted")  # kept out of results.csv
 PRIVATE_ONLY = "private_only"  # a reference row, not a method: the classifier trained on the private records
@@ -69,16 +69,7 @@ class BenchConfig(BaseModel):
 
 
 def load_bench(path: Path) -> BenchConfig:
-    if not Path(path).is_file():
-        raise DpsynthError(f"{path}: bench config not found")
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise DpsynthError(f"{path}: not UTF-8 text (byte {err.start}); save the bench config as UTF-8 YAML") from err
-    except yaml.YAMLError as err:
-        raise DpsynthError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
-    if not isinstance(raw, dict):
-        raise DpsynthError(f"{path}: a bench config is a YAML mapping (name, base, variants, ...)")
+    raw = read_yaml_mapping(path, "bench config", "name, base, variants, ...")
     try:
         bench = BenchConfig.model_validate(raw)
     except ValidationError as err:  # the field and the reason, in one line

@@ -24,19 +24,25 @@ def load_config(path: Path) -> RunConfig:
 
 def read_config(path: Path) -> dict:
     """A config file's YAML mapping, unvalidated (one-line errors for a missing file or bad YAML)."""
+    return read_yaml_mapping(path, "run config", "sections (data, generators, ...)")
+
+
+def read_yaml_mapping(path: Path, what: str, holding: str) -> dict:
+    """The YAML mapping in the file at `path` (a `what`, a mapping of `holding`), with one-line errors for a
+    folder, a missing file, text that is not UTF-8, YAML that does not parse, or YAML that is not a mapping."""
     path = Path(path)
     if path.is_dir():
-        raise DpsynthError(f"{path}: a folder; give the run config file (YAML) itself")
+        raise DpsynthError(f"{path}: a folder; give the {what} file (YAML) itself")
     if not path.is_file():
-        raise DpsynthError(f"{path}: config file not found")
+        raise DpsynthError(f"{path}: {what} file not found")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as err:
-        raise DpsynthError(f"{path}: not UTF-8 text (byte {err.start}); save the config as UTF-8 YAML") from err
+        raise DpsynthError(f"{path}: not UTF-8 text (byte {err.start}); save the {what} as UTF-8 YAML") from err
     except yaml.YAMLError as err:
         raise DpsynthError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
     if not isinstance(raw, dict):
-        raise DpsynthError(f"{path}: a run config is a YAML mapping of sections (data, generators, ...)")
+        raise DpsynthError(f"{path}: a {what} is a YAML mapping of {holding}")
     return raw
 
 
