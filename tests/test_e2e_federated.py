@@ -51,6 +51,9 @@ def test_federated_run_with_secagg(method: str, tmp_path: Path) -> None:
     fed = json.loads((tmp_path / "run" / "metrics.json").read_text())["federated"]
     assert [r["parties_contributing"] for r in fed["rounds"]] == [3]
     assert fed["download_bytes_per_party"] > fed["upload_bytes_per_party"] > 0
+    # the rounds' time holds the parties' work on their records: only the caller's copy has it
+    assert "aggregation_seconds" not in fed and all("seconds" not in r for r in fed["rounds"])
+    assert out["metrics"]["federated"]["aggregation_seconds"] > 0
     lines = (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()
     assert len(lines) >= 6 and out["metrics"]["method"] == method
     private = (tmp_path / "private.csv").read_text().splitlines()[1:]

@@ -289,16 +289,30 @@ def test_every_request_through_the_holders_door_is_timed_as_private_time() -> No
     assert timed == [("training" if name == "train_adapter" else "voting", name) for name in HolderRequests.__slots__]
 
 
-def test_a_run_that_failed_before_spending_anything_can_be_started_again_in_its_directory(tmp_path: Path) -> None:
-    """A model that cannot be had is found once the run's directory and plan exist; nothing was spent, so the
-    corrected config starts in the same directory (it used to be refused as 'already holds a run', and a resume
-    read the broken config again)."""
+def test_a_run_that_failed_before_spending_anything_can_be_started_again_in_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generator that cannot be built (here an API key with a line break, which no header can carry) is found
+    once the run's directory and plan exist; nothing was spent, so the corrected config starts in the same
+    directory (it used to be refused as 'already holds a run', and a resume read the broken config again)."""
     raw = _config(tmp_path, "augpe")
-    broken = {**raw, "generators": [{"model": str(tmp_path / "nope.gguf")}]}
-    with pytest.raises(DpsynthError, match="nope.gguf"):
+    monkeypatch.setenv("DPSYNTH_TEST_BROKEN_KEY", "a\nb")
+    broken = {**raw, "generators": [{"kind": "openai", "model": "x", "base_url": "http://127.0.0.1:9/v1",
+                                     "api_key_env": "DPSYNTH_TEST_BROKEN_KEY"}]}
+    with pytest.raises(DpsynthError, match="holds a line break"):
         Run.create(parse_config(broken), tmp_path / "run").execute()
     assert (tmp_path / "run" / "checkpoints" / "plan.json").exists()
     Run.create(parse_config(raw), tmp_path / "run").execute()
     assert (tmp_path / "run" / "metrics.json").exists()
     with pytest.raises(DpsynthError, match="already holds a run"):  # one that spent something is kept
         Run.create(parse_config(raw), tmp_path / "run")
+
+
+def test_the_holders_time_is_counted_and_kept_out_of_the_shared_metrics(tmp_path: Path) -> None:
+    """The engine wires the holder's door to the run's timings: its requests (votes, label counts) and its own
+    loading are in the caller's metrics, and metrics.json's wall is the run's less exactly that time."""
+    result = Run.create(parse_config(_config(tmp_path, "augpe")), tmp_path / "run").execute()
+    timings = result["metrics"]["timings"]
+    assert timings["voting"] > 0 and timings["data_holder"] > 0
+    shared = json.loads((tmp_path / "run" / "metrics.json").read_text())["timings"]
+    assert shared["wall"] == pytest.approx(timings["wall"] - timings["voting"] - timings["data_holder"])
+    assert not {"voting", "training", "data_holder"} & set(shared)

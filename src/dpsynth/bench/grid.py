@@ -187,8 +187,11 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
     # every cell's config is checked before the first runs: a typo in the last variant must not wait for (and
     # let the grid pay for) the ones before it
     configs = [parse_config(cell["config"], cell["name"]) for cell in grid]
-    for generator in {g.display_name: g for config in configs for g in config.generators}.values():
-        check_generator(generator)
+    to_run = [config for cell, config in zip(grid, configs) if run_missing and cell["method"] != PRIVATE_ONLY
+              and (wanted is None or cell["variant"] in wanted)
+              and not RunDir(out / "cells" / cell["name"]).is_finished()]
+    for generator in {g.model_dump_json(): g for config in to_run for g in config.generators}.values():
+        check_generator(generator)  # a report, or finished cells, need no model file or key
     for i, cell in enumerate(grid):
         run_missing_here = run_missing and (wanted is None or cell["variant"] in wanted)
         config = configs[i]
@@ -380,7 +383,7 @@ def _federated_columns(fed: dict | None) -> dict:
         return {}
     return {"download_bytes_per_party": fed["download_bytes_per_party"],
             "upload_bytes_per_party": fed["upload_bytes_per_party"],
-            "aggregation_seconds": fed["aggregation_seconds"]}
+            "aggregation_seconds": fed.get("aggregation_seconds")}  # the data holder's copy only (private time)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:

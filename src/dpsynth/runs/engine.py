@@ -266,7 +266,9 @@ class Run:
         stages = self._final_stages()
         steps = self.method.iterations() + len(stages)
         if not live.ctx.label_shares:
-            live.ctx.label_shares = label_shares(self.config, live.ctx.task, cast(DataHolder, live.holder),
+            # a federation's label counts are a round of it, asked once the parties are up: through the door, so
+            # their time is the holder's (private), like every other request
+            live.ctx.label_shares = label_shares(self.config, live.ctx.task, cast(DataHolder, live.ctx.holder),
                                                  self.method.label_release())
         for t in range(live.state.next_iteration, steps):
             try:

@@ -100,8 +100,18 @@ def write_metrics(run_dir: RunDir, *, method: str, history: list[dict], samples:
     private = sum(timings.get(k, 0.0) for k in PRIVATE_TIMINGS)
     shared = {**metrics, "timings": {**{k: v for k, v in timings.items() if k not in PRIVATE_TIMINGS},
                                      "wall": timings["wall"] - private}}
+    if federated is not None:  # a round's time holds the parties' work on their records: the same private time
+        shared["federated"] = {**{k: v for k, v in federated.items() if k != "aggregation_seconds"},
+                               "rounds": _untimed(federated["rounds"])}
+        shared["iterations"] = [{**h, "federated_rounds": _untimed(h["federated_rounds"])}
+                                if "federated_rounds" in h else h for h in history]
     atomic_write_text(run_dir.metrics, json.dumps(shared, indent=2))
     return metrics
+
+
+def _untimed(rounds: list[dict]) -> list[dict]:
+    """Federated rounds without their time (the parties' work on their records is in it)."""
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rounds]
 
 
 def federated_summary(config, plan_description: dict, history: list[dict]) -> dict:
