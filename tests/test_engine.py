@@ -316,3 +316,34 @@ def test_the_holders_time_is_counted_and_kept_out_of_the_shared_metrics(tmp_path
     shared = json.loads((tmp_path / "run" / "metrics.json").read_text())["timings"]
     assert shared["wall"] == pytest.approx(timings["wall"] - timings["voting"] - timings["data_holder"])
     assert not {"voting", "training", "data_holder"} & set(shared)
+
+
+def test_the_evaluations_time_leaves_out_the_embedding_it_asks_for(tmp_path: Path) -> None:
+    """The synthetic sets' embedding inside the in-run evaluation is timed as embedding, once, not also as
+    evaluation."""
+    import time
+
+    import numpy as np
+
+    from dpsynth.data.records import LabelledTexts
+    from dpsynth.methods.base import StepContext
+    from dpsynth.methods.generation import SyntheticSample
+    from dpsynth.runs.outputs import evaluate_sets
+
+    def slow_embed(texts: list[str]) -> np.ndarray:
+        time.sleep(1.0)
+        return np.random.default_rng(len(texts)).normal(size=(len(texts), 4)).astype(np.float32)
+
+    class Embedder:
+        name = "test-embedder"
+
+        def encode(self, texts):
+            return np.random.default_rng(0).normal(size=(len(texts), 4)).astype(np.float32)
+
+    ctx = StepContext(config=None, task=None, label_shares={}, generators={}, holder=None,  # type: ignore[arg-type]
+                      embed=slow_embed)
+    samples = [SyntheticSample(i, f"text {i}", "pos" if i % 2 else "neg", "a", 0) for i in range(8)]
+    test = LabelledTexts([f"test {i}" for i in range(6)], ["pos", "neg"] * 3)
+    evaluate_sets(ctx, Embedder(), test, {"final": samples}, seed=0)
+    # counted in both, evaluation would hold all of embedding's second and more
+    assert ctx.timings["embedding"] >= 1.0 > ctx.timings["evaluation"]
