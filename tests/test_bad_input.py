@@ -489,3 +489,10 @@ def test_writing_onto_a_folder_names_the_folder() -> None:
 
     with tempfile.TemporaryDirectory() as folder, pytest.raises(DpsynthError, match="is a folder; give the path"):
         atomic_write_text(Path(folder), "x")
+
+
+def test_a_key_written_twice_is_refused_not_silently_replaced(tmp_path: Path) -> None:
+    """YAML keeps the last of two equal keys: a second `privacy:` section replaced the first without a word."""
+    (tmp_path / "run.yaml").write_text("privacy:\n  epsilon: 4\nprivacy:\n  epsilon: 8\n")
+    _one_line_error(_cli("run", "run.yaml", "--dry-run", cwd=tmp_path),
+                    "run.yaml: not valid YAML ('privacy' is written twice in one mapping (line 3))")

@@ -27,6 +27,23 @@ def read_config(path: Path) -> dict:
     return read_yaml_mapping(path, "run config", "sections (data, generators, ...)")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (YAML keeps the last one silently: a second
+    `privacy:` section would replace the first without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)) or key is None:
+                continue  # a complex key: left to the loader's own rules
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"'{key}' is written twice in one mapping "
+                                                        f"(line {key_node.start_mark.line + 1})", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml_mapping(path: Path, what: str, holding: str) -> dict:
     """The YAML mapping in the file at `path` (a `what`, a mapping of `holding`), with one-line errors for a
     folder, a missing file, text that is not UTF-8, YAML that does not parse, or YAML that is not a mapping."""
@@ -36,7 +53,7 @@ def read_yaml_mapping(path: Path, what: str, holding: str) -> dict:
     if not path.is_file():
         raise DpsynthError(f"{path}: {what} file not found")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}  # noqa: S506 - a SafeLoader
     except UnicodeDecodeError as err:
         raise DpsynthError(f"{path}: not UTF-8 text (byte {err.start}); save the {what} as UTF-8 YAML") from err
     except yaml.YAMLError as err:
