@@ -43,7 +43,8 @@ def load_records(path: str | Path, text_column: str = "text", label_column: str 
 def read_table(path: Path) -> pd.DataFrame:
     """A CSV/TSV/JSONL/Parquet file as a frame of strings, or a one-line error naming the file."""
     if not path.exists():
-        raise DpsynthError(f"{path}: file not found; check the path in your config")
+        where = "" if path.is_absolute() else f" (a relative path is read from the current folder, {Path.cwd()})"
+        raise DpsynthError(f"{path}: file not found{where}; check the path in your config")
     kind = SUPPORTED.get(path.suffix.lower())
     if kind is None:
         raise DpsynthError(f"{path}: unsupported format '{path.suffix}'; use one of {', '.join(SUPPORTED)}")
