@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/embedding_limits.py [--texts 2000]
 
 Embeds real Rotten Tomatoes reviews with the runs' default encoder (all-MiniLM-L6-v2 through
-sentence-transformers, batch 64) and compares texts/s with what the encoder's arithmetic allows
+sentence-transformers, the run's own batch: 16 on a CPU) and compares texts/s with what the encoder's arithmetic allows
 at the float32 matmul peak measured in the same process: per token, 2 x the encoder's non-embedding
 parameters (the dense layers) plus 4 x layers x hidden x sequence length (attention scores and
 mixing), over the padded sequence lengths sentence-transformers actually runs (it sorts texts by
