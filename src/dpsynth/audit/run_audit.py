@@ -110,13 +110,13 @@ def run_audit(config: RunConfig, out: Path, *, canaries: int = DEFAULT_CANARIES,
                            "with privacy.adjacency: add_remove")
     if not 0.5 <= confidence < 1:
         raise DpsynthError(f"--confidence must be in [0.5, 1), got {confidence}")
+    t0 = time.perf_counter()
+    out = Path(out)
     # what the audited run would find wrong with the user's own data, model or device fails before the audit's
     # folder exists (and names the user's file, not the canaried copy the run is handed in memory); a finished
     # audit is only scored again, and needs none of it
-    if not RunDir(Path(out) / "run").is_finished():
+    if not RunDir(out / "run").is_finished():
         check_before_start(plan_privacy(config.model_copy(update={"evaluate": False})))  # the audit scores itself
-    t0 = time.perf_counter()
-    out = Path(out)
     lock = lock_run_dir(RunDir(out))  # one audit per directory: its run and privacy.json are shared
     try:
         planted = plant_canaries(task_for(config), canaries, seed)

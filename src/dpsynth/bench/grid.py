@@ -378,12 +378,12 @@ def _reference_rows(cell: dict, cell_dir: RunDir, row: dict) -> list[dict]:
 
 
 def _federated_columns(fed: dict | None) -> dict:
-    """Communication per party over the run, and the time spent aggregating (federated cells only)."""
+    """Communication per party over the run (federated cells only). Not the time spent aggregating: it holds the
+    parties' work on their records, which metrics.json leaves out (runs/outputs.py)."""
     if not fed:
         return {}
     return {"download_bytes_per_party": fed["download_bytes_per_party"],
-            "upload_bytes_per_party": fed["upload_bytes_per_party"],
-            "aggregation_seconds": fed.get("aggregation_seconds")}  # the data holder's copy only (private time)
+            "upload_bytes_per_party": fed["upload_bytes_per_party"]}
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:

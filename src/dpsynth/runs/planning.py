@@ -157,12 +157,10 @@ class PrivacyPlan:
 
     def _assumptions(self) -> Assumptions:
         p, fed = self.config.privacy, self.config.federated
-        records = records_per_unit(self.config)
+        kind, records = self._unit()  # a person: the data holder bounds each to k records
+        unit = kind if kind == "record" else f"{kind} (<= {records} records)"
         if fed is None:
-            person = self.config.data.person_column  # the data holder bounds each person to k records
-            unit = "record" if person is None else f"person (<= {records} records)"
             return Assumptions(adjacency=p.adjacency, unit=unit)
-        unit = f"party (<= {records} records)" if fed.unit == "party" else "record"
         if fed.aggregation == "secagg+":
             trust = (f"{fed.parties} parties, Flower SecAgg+: the server sees only the sum of >= {fed.threshold} "
                      f"parties' votes, each noised with sigma/sqrt({fed.threshold}); honest-but-curious server, "
