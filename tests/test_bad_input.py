@@ -496,3 +496,24 @@ def test_a_key_written_twice_is_refused_not_silently_replaced(tmp_path: Path) ->
     (tmp_path / "run.yaml").write_text("privacy:\n  epsilon: 4\nprivacy:\n  epsilon: 8\n")
     _one_line_error(_cli("run", "run.yaml", "--dry-run", cwd=tmp_path),
                     "run.yaml: not valid YAML ('privacy' is written twice in one mapping (line 3))")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("run", "--nope"), "No such option '--nope'. (see `python -m dpsynth run --help`)"),
+    (("frobnicate",), "No such command 'frobnicate'. (see `python -m dpsynth --help`)"),
+    (("budget", "wasp", "--epsilon", "abc"), "'abc' is not a valid float"),
+    (("budget", "wasp", "--epsilon"), "Option '--epsilon' requires an argument"),
+])
+def test_click_usage_errors_are_one_line(args: tuple, needle: str, tmp_path: Path) -> None:
+    """Click's own usage errors were a usage line, a hint and a five-line framed box; now one `error:` line that
+    says where the help is, exit 2 (docs/bad-input.md row 40)."""
+    proc = _cli(*args, cwd=tmp_path)
+    _one_line_error(proc, needle)
+    assert proc.stderr.strip().count("\n") == 0 and "╭" not in proc.stderr
+
+
+def test_help_and_version_still_exit_zero(tmp_path: Path) -> None:
+    for args in (("--help",), ("run", "--help"), ("--version",)):
+        proc = _cli(*args, cwd=tmp_path)
+        assert proc.returncode == 0 and proc.stdout and not proc.stderr, (args, proc.stderr)
+    assert _cli(cwd=tmp_path).returncode == 2, "no arguments shows the help, exit 2 as click does"

@@ -6,6 +6,7 @@ import errno
 import signal
 import sys
 
+import click
 import typer
 
 from dpsynth.cli.audit import audit
@@ -69,7 +70,16 @@ def app() -> None:
     releases its directory (SIGKILL cannot be caught; resuming the audit removes the copy then)."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        _typer_app()
+        code = _typer_app(standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except click.ClickException as err:
+        typer.echo(f"error: {usage_message(err)}", err=True)
+        sys.exit(err.exit_code)
+    except click.Abort:
+        typer.echo("Aborted.", err=True)
+        sys.exit(1)
     except DpsynthError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)
@@ -79,6 +89,18 @@ def app() -> None:
             raise
         typer.echo(f"error: {message}", err=True)
         sys.exit(2)
+    if isinstance(code, int):
+        sys.exit(code)
+
+
+def usage_message(err: click.ClickException) -> str:
+    """Click's own errors (an unknown option or command, a bad or missing value) as one line that says where
+    the help is, instead of click's usage line, hint line and framed box."""
+    message = err.format_message().replace("\n", " ").strip()
+    ctx = getattr(err, "ctx", None)
+    if isinstance(err, click.UsageError) and ctx is not None:
+        return f"{message} (see `{ctx.command_path} --help`)"
+    return message
 
 
 _FIXES = {
