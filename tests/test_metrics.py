@@ -9,6 +9,7 @@ from dpsynth.evaluate.distribution import (
     distinct_n,
     fid,
     knn_precision_recall,
+    knn_squared_radii,
     mauve_score,
     mean_pairwise_cosine,
 )
@@ -41,6 +42,29 @@ def test_precision_recall() -> None:
     assert pr == {"precision": 1.0, "recall": 1.0}
     far = knn_precision_recall(_cloud(rng, 10.0), a)
     assert far["precision"] == 0.0 and far["recall"] == 0.0
+
+
+def test_precision_recall_against_sklearn_neighbours() -> None:
+    """The blocked matrix-product distances give the k-NN balls and coverage that sklearn's exact neighbours and
+    explicit differences give, duplicates (a synthetic copy of a test text, repeated answers) included."""
+    from sklearn.neighbors import NearestNeighbors
+
+    rng = np.random.default_rng(4)
+    real = rng.normal(size=(300, 16)).astype(np.float32)
+    synthetic = (rng.normal(size=(280, 16)) * 1.3 + 0.4).astype(np.float32)
+    synthetic[:10], synthetic[10:15] = real[:10], synthetic[20:25]
+
+    def brute(points: np.ndarray, ref: np.ndarray, k: int = 3) -> float:
+        radius = NearestNeighbors(n_neighbors=k + 1).fit(ref).kneighbors(ref)[0][:, -1]
+        d = np.linalg.norm(points[:, None, :].astype(np.float64) - ref[None, :, :], axis=2)
+        return float((d <= radius[None, :] + 1e-6).any(axis=1).mean())
+
+    got = knn_precision_recall(synthetic, real)
+    assert got == {"precision": brute(synthetic, real), "recall": brute(real, synthetic)}
+    assert 0.0 < got["precision"] < 1.0 and 0.0 < got["recall"] < 1.0
+    assert knn_precision_recall(synthetic, real, real_sq_radii=knn_squared_radii(real)) == got
+    np.testing.assert_allclose(np.sqrt(knn_squared_radii(real)),
+                               NearestNeighbors(n_neighbors=4).fit(real).kneighbors(real)[0][:, -1], rtol=1e-5)
 
 
 def test_diversity() -> None:

@@ -59,7 +59,8 @@ class BenchConfig(BaseModel):
     variants: list[Variant]
     epsilons: list[float] = Field(default_factory=lambda: [4.0])
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
-    eval_distribution: bool = Field(True, description="FID, MAUVE, precision/recall per cell")
+    eval_distribution: bool = Field(True, description="MAUVE per cell (FID, k-NN precision/recall and diversity "
+                                                      "are always computed: a second or two a cell)")
     classifiers: list[Literal["probe", "finetune"]] = Field(
         ["probe"], min_length=1,
         description="downstream classifiers scored per cell: the logistic-regression probe on sentence embeddings "

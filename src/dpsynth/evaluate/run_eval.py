@@ -24,7 +24,7 @@ from dpsynth.embed.sentence import (
     test_set_embedder,
 )
 from dpsynth.errors import DpsynthError
-from dpsynth.evaluate.distribution import distribution_report
+from dpsynth.evaluate.distribution import distribution_report, knn_squared_radii
 from dpsynth.evaluate.downstream import probe_scores
 from dpsynth.evaluate.self_boosting import self_boosting_weights
 from dpsynth.fs import RunDir, atomic_write_text
@@ -108,6 +108,7 @@ def evaluate_run(
     iterations = sorted({r.get("iteration", 0) for r in rows})
     cutoffs = iterations if per_iteration else iterations[-1:]
     final_weights, used = _final_weights(rows, emb, weights, config["seed"])
+    test_sq_radii = knn_squared_radii(test_emb)  # the test set's k-NN balls, shared by every cut-off
     out: dict = {"test_size": len(test), "reference": "real test set (not the private data)",
                  "sample_weights": used, "iterations": []}
     for last in cutoffs:
@@ -121,7 +122,8 @@ def evaluate_run(
             # the weights belong to the final set: earlier cut-offs are scored unweighted
             "probe": probe_scores(emb[idx], labels, test_emb, test.labels, seed=config["seed"],
                                   sample_weight=final_weights if last == cutoffs[-1] else None),
-            **distribution_report(emb[idx], texts, test_emb, with_mauve=with_mauve, seed=config["seed"]),
+            **distribution_report(emb[idx], texts, test_emb, with_mauve=with_mauve, seed=config["seed"],
+                                 real_sq_radii=test_sq_radii),
         }
         out["iterations"].append(entry)
     for entry in out["iterations"][:-1]:
