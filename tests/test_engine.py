@@ -135,6 +135,42 @@ def test_resume_refuses_a_changed_unit_of_privacy_even_where_no_sensitivity_show
         Run.resume(tmp_path / "run").execute()
 
 
+def test_the_fingerprint_holds_what_a_resume_must_not_change_silently(tmp_path: Path) -> None:
+    """A resume after an edit that moved records between fedgen's strong and weak parties (fedgen.strong, or a
+    simulation's seed, partition or alpha) would let a record answer for both groups the ledger composes in
+    parallel; local_steps changes the training event's steps; a share edit would leave noise calibrated for the
+    old share under a report of the new. Each is refused; public settings (a temperature) are not."""
+    from dpsynth.runs.engine import _changed_fields
+
+    def changed(base: dict, **edits) -> str:
+        edited = json.loads(json.dumps(base))
+        for path, value in edits.items():
+            *where, key = path.split("__")
+            node = edited
+            for part in where:
+                node = node[part]
+            node[key] = value
+        return _changed_fields(plan_privacy(parse_config(base)).fingerprint(),
+                               plan_privacy(parse_config(edited)).fingerprint())
+
+    fedgen = {"method": "fedgen", "data": {"corpus": "rotten_tomatoes", "m": 100},
+              "generators": [{"model": "smollm2-135m-instruct"}],
+              "fedgen": {"rounds": 3, "local_steps": 5, "sampling_rate": 0.2, "k": 3, "strong": [0, 1, 2],
+                         "temperature": 0.8},
+              "privacy": {"epsilon": 4.0, "delta": 1e-5},
+              "federated": {"parties": 10, "partition": "dirichlet", "max_records_per_party": 40}, "seed": 0}
+    assert "which parties answer" in changed(fedgen, fedgen__strong=[2, 3, 4])
+    assert "which records a simulated party holds" in changed(fedgen, seed=1)
+    assert "which records a simulated party holds" in changed(fedgen, federated__alpha=0.5)
+    assert "which records a simulated party holds" in changed(fedgen, federated__partition="iid")
+    assert "privacy event" in changed(fedgen, fedgen__local_steps=6)
+    assert changed(fedgen, fedgen__temperature=0.9) == ""
+    central = _config(tmp_path, "wasp")
+    central["relabel"] = {"share": 0.2}
+    assert "a share of epsilon" in changed(central, relabel__share=0.4)
+    assert changed(central, seed=2) == "", "a central run's seed moves no record between releases"
+
+
 def test_resume_refuses_a_changed_privacy_setting_and_old_checkpoints(tmp_path: Path) -> None:
     cfg = parse_config(_config(tmp_path, "wasp"))
     Run.create(cfg, tmp_path / "run").execute()

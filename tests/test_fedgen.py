@@ -217,6 +217,10 @@ def test_fedavg_saves_each_round_and_a_resume_continues_from_the_last(tmp_path: 
     with pytest.raises(KeyboardInterrupt):
         holder(first).train_adapter(request, release=("fedgen.training", None))
     assert [k for k, _ in first.asked] == [0, 1]
+    # the same 15 steps a record (what the ledger books), in other rounds: the saved rounds are not continued
+    other = request.model_copy(update={"rounds": 5, "steps": 3})
+    with pytest.raises(DpsynthError, match="other training settings"):
+        holder(Federation(crash_in=None)).train_adapter(other, release=("fedgen.training", None))
     again = Federation(crash_in=None)
     resumed = holder(again)
     adapter = resumed.train_adapter(request, release=("fedgen.training", None))

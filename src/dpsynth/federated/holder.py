@@ -9,6 +9,7 @@ seconds per round are kept for the communication report.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 from pathlib import Path
@@ -118,9 +119,15 @@ class FederatedHolder(ReleasingHolder):
             raise AssertionError("federated holder used outside a running federation")
         work = self.store.work_dir(r.name)
         saved = work / "adapter.npz" if work is not None else None
+        settings = training_settings(request, noise_multiplier)
         if saved is not None and saved.exists():
             with np.load(saved) as z:
                 done, adapter = int(z["round"]), z["adapter"].astype(np.float32)
+                before = str(z["settings"]) if "settings" in z.files else None
+            if before is not None and before != settings:
+                raise DpsynthError(f"{r.name}: the saved rounds of federated training were taken with other "
+                                   "training settings (rounds, local_steps, learning rates, parties, model, noise); "
+                                   "resume with the settings the run started with")
         else:
             done = 0
             adapter = initial_adapter(Path(request.model), request.lora_r, request.lora_alpha, request.init_seed)
@@ -132,7 +139,7 @@ class FederatedHolder(ReleasingHolder):
             self._log_round(r.name, result, group=r.scope, length=adapter.size, round_index=k)
             if saved is not None:
                 buffer = io.BytesIO()
-                np.savez(buffer, round=k + 1, adapter=adapter)
+                np.savez(buffer, round=k + 1, adapter=adapter, settings=np.array(settings))
                 atomic_write_bytes(saved, buffer.getvalue())
             if report is not None:
                 report((k + 1) * request.steps, float(np.linalg.norm(result.total)))
@@ -169,3 +176,12 @@ class FederatedHolder(ReleasingHolder):
             "seconds": result.seconds,
             **extra,
         })
+
+
+def training_settings(request: AdapterTraining, noise_multiplier: float) -> str:
+    """What a federated training's saved rounds belong to: a resume that changed rounds x local_steps (or the
+    parties, the model, the rates or the noise) would continue a trajectory whose steps the ledger books under
+    the new settings. Threads are left out (they change speed only), and the model by its file name (the cache
+    folder it sits in may move between machines)."""
+    payload = request.model_copy(update={"model": Path(request.model).name}).model_dump_json(exclude={"threads"})
+    return hashlib.sha256(f"{payload}\0{noise_multiplier!r}".encode()).hexdigest()

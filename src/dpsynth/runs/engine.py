@@ -417,9 +417,13 @@ def _changed_fields(before: dict, now: dict) -> str:
              "releases": "the schedule of releases (iterations, Q, unit of privacy, label proportions ...)",
              "fixed": "a fixed noise setting (privacy.label_histogram_sigma)",
              "final_stages": "the final stages (relabel:, resample:)",
-             "unit": "the unit of privacy (data.person_column, privacy.max_records_per_user, federated.unit)"}
-    # a checkpoint written before final stages (or the unit) were fingerprinted has no such key: nothing to compare
-    later = {"final_stages", "unit"}
+             "unit": "the unit of privacy (data.person_column, privacy.max_records_per_user, federated.unit)",
+             "events": "a release's privacy event (its steps, sampling rate or records: e.g. rounds, local_steps)",
+             "shares": "a share of epsilon (e.g. relabel.share, resample.share, dpga.budget_svt)",
+             "groups": "which parties answer which releases (fedgen.strong)",
+             "split": "which records a simulated party holds (federated.partition, alpha, party_files; seed)"}
+    # a checkpoint written before these keys were fingerprinted has none of them: nothing to compare
+    later = {"final_stages", "unit", "events", "shares", "groups", "split"}
     diff = [names[k] for k in names if (k in before or k not in later) and before.get(k) != now.get(k)]
     return ", ".join(diff)
 

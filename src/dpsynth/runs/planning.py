@@ -118,7 +118,11 @@ class PrivacyPlan:
                 "adjacency": p.adjacency.value,
                 "releases": [[r.name, r.knob, r.sensitivity] for r in self.schedule.releases],
                 "fixed": {k.name: k.value for k in self.schedule.knobs if k.value is not None},
-                "federation": self._federation(), "final_stages": self.final_stages(), "unit": self._unit()}
+                "federation": self._federation(), "final_stages": self.final_stages(), "unit": self._unit(),
+                "events": [r.event(1.0).model_dump(mode="json") for r in self.schedule.releases],
+                "shares": {k.name: k.share for k in self.schedule.knobs if k.share is not None},
+                "groups": {name: list(group) for name, group in self.method.party_groups().items()},
+                "split": self._split()}
 
     def _unit(self) -> list:
         """The unit of privacy as [kind, records it may hold]: a record, a person (data.person_column, at most
@@ -144,6 +148,17 @@ class PrivacyPlan:
             return None
         return {"parties": fed.parties, "aggregation": fed.aggregation, "threshold": fed.threshold,
                 "accounting_delta": self.accounting_delta}
+
+    def _split(self) -> list | None:
+        """Which records each simulated party holds: a resume that moved records between parties would let a
+        record answer for two groups whose releases the ledger composes in parallel (fedgen's strong parties
+        train, its weak ones vote). None when each party reads its own data (nodes) or files."""
+        fed = self.config.federated
+        if fed is None or fed.partition == "nodes":
+            return None
+        if fed.partition == "files":
+            return ["files", list(fed.party_files or [])]
+        return [fed.partition, fed.alpha if fed.partition == "dirichlet" else None, self.config.seed]
 
     def assumptions(self) -> Assumptions:
         own = self.method.assumptions()
