@@ -171,6 +171,55 @@ def test_the_fingerprint_holds_what_a_resume_must_not_change_silently(tmp_path: 
     assert changed(central, seed=2) == "", "a central run's seed moves no record between releases"
 
 
+def test_a_saved_vote_release_never_answers_for_other_candidates(tmp_path: Path, monkeypatch) -> None:
+    """Killed after iteration 0's vote release was saved, before its checkpoint: a resume that regenerates other
+    candidates (here the seed was edited; a lost request cache does the same) is refused instead of selecting
+    and weighting its texts with votes cast on others; the unedited resume goes on with the saved votes."""
+    raw = _config(tmp_path, "wasp")
+    save = Run._save_checkpoint
+
+    def killed(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Run, "_save_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(parse_config(raw), tmp_path / "run").execute()
+    monkeypatch.setattr(Run, "_save_checkpoint", save)
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "releases" / "wasp.votes_iteration=0_.json").read_text())
+    assert saved["asked"]["candidates"] == 4 and len(saved["asked"]["projection"]) == 4  # n / T
+    path = tmp_path / "run" / "config.yaml"
+    original = path.read_text()
+    edited = yaml.safe_load(original)
+    edited["seed"] = 2
+    path.write_text(yaml.safe_dump(edited))
+    with pytest.raises(DpsynthError, match="wasp.votes\\[iteration=0\\] was drawn for other candidates"):
+        Run.resume(tmp_path / "run").execute()
+    path.write_text(original)
+    out = Run.resume(tmp_path / "run").execute()
+    after = json.loads((tmp_path / "run" / "checkpoints" / "releases" / "wasp.votes_iteration=0_.json").read_text())
+    assert after["values"] == saved["values"] and len(out["privacy"]["events"]) == 3
+
+
+def test_the_request_check_tolerates_re_embedding_and_refuses_other_texts() -> None:
+    from dpsynth.private.holder import asked_about, check_same_request
+    from dpsynth.voting.spec import VoteSpec
+
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(50, 384))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    labels = np.arange(50) % 2
+    spec = VoteSpec(kind="wasp", q=2)
+    before = json.loads(json.dumps(asked_about(spec, emb, labels)))  # as saved and read back
+    check_same_request("r", before, asked_about(spec, emb + rng.normal(scale=1e-6, size=emb.shape), labels))
+    check_same_request("r", None, asked_about(spec, emb, labels))  # a release saved by an older dpsynth
+    other = emb.copy()
+    other[7] = rng.normal(size=384) / np.sqrt(384)
+    for now in (asked_about(spec, other, labels), asked_about(spec, emb, labels[::-1]),
+                asked_about(spec, emb[:49], labels[:49]), asked_about(VoteSpec(kind="wasp", q=3), emb, labels)):
+        with pytest.raises(DpsynthError, match="drawn for other candidates"):
+            check_same_request("r", before, now)
+
+
 def test_resume_refuses_a_changed_privacy_setting_and_old_checkpoints(tmp_path: Path) -> None:
     cfg = parse_config(_config(tmp_path, "wasp"))
     Run.create(cfg, tmp_path / "run").execute()

@@ -168,22 +168,6 @@ def test_score_signal_to_noise_from_noisy_values() -> None:
     assert score_signal_to_noise(rng.normal(0.0, 1.0, 20000), 1.0) < 0.1  # pure noise
 
 
-def test_a_resumed_round_must_score_the_candidates_its_release_was_drawn_for(tmp_path: Path) -> None:
-    """The saved release of a round ranks the candidates it was drawn for; regenerated candidates that differ
-    (another request cache) are refused instead of being ranked by old scores."""
-    from types import SimpleNamespace
-
-    from dpsynth.methods.popri import _check_same_candidates
-
-    ctx = SimpleNamespace(files=tmp_path)
-    first = _samples(["a", "b"])
-    _check_same_candidates(ctx, 0, first)
-    _check_same_candidates(ctx, 0, first)  # the same texts again: fine
-    other = [SyntheticSample(0, "another text", "a", "p", 0), first[1]]
-    with pytest.raises(DpsynthError, match="regenerated other candidates"):
-        _check_same_candidates(ctx, 0, other)
-
-
 def test_zero_rounds_is_the_sampling_route_control_at_no_privacy_cost() -> None:
     plan = plan_for_method("popri", epsilon=4.0, delta=1e-5, options={"rounds": 0, "scoring": "public"})
     assert plan.schedule.is_empty

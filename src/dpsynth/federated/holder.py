@@ -29,7 +29,7 @@ from dpsynth.federated.flower_secagg import (
 from dpsynth.finetune.request import AdapterTraining
 from dpsynth.fs import atomic_write_bytes
 from dpsynth.privacy.schedule import Release
-from dpsynth.private.holder import ReleaseKey, ReleasingHolder, check_training_release
+from dpsynth.private.holder import ReleaseKey, ReleasingHolder, asked_about, check_training_release
 from dpsynth.voting.spec import VoteSpec
 
 
@@ -76,7 +76,7 @@ class FederatedHolder(ReleasingHolder):
         def draw(r: Release, sigma: float) -> np.ndarray:
             return self._round(r, sigma, spec, candidates, candidate_labels)
 
-        return self._release(release, draw)
+        return self._release(release, draw, asked_about(spec, candidates, candidate_labels))
 
     def noisy_label_counts(self, labels: list[str], *, release: ReleaseKey) -> np.ndarray:
         """Every party's label counts plus its noise share, summed (papers/004's profile round)."""

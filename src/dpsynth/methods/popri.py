@@ -137,7 +137,6 @@ class Popri(Method[PopriOptions, PopriState]):
             state.samples, stats = self._sample(ctx, generator, t, o.n, "popri-final")
             return {"iteration": t, "generated": stats, "adapter": state.adapter}
         candidates, stats = self._sample(ctx, generator, t, o.prompts * o.j, "popri-candidates")
-        _check_same_candidates(ctx, t, candidates)  # a saved release must score the texts it was drawn for
         scores, score_info = self._scores(ctx, candidates, t)
         pairs = preference_pairs(candidates, scores, o.j, o.chosen_rank, o.rejected_rank)
         trained = self._train(ctx, inner, [(candidates[c], candidates[r]) for c, r in pairs], t)
@@ -281,20 +280,6 @@ class Popri(Method[PopriOptions, PopriState]):
         o = self.options
         return adapter_generator(ctx, local_gguf_path(self.config), adapter, r=o.lora_r, alpha=o.lora_alpha,
                                  threads=self.config.generators[0].threads, chat=True)
-
-def _check_same_candidates(ctx: StepContext, t: int, candidates: list[SyntheticSample]) -> None:
-    """Record which candidates round t scores, before its release; a resumed round must regenerate the same
-    texts (from the request cache), or the release saved before the crash would rank other texts."""
-    import hashlib
-
-    digest = hashlib.sha256("\n".join(f"{x.label}\t{x.text}" for x in candidates).encode()).hexdigest()
-    path = _method_files(ctx) / f"popri_candidates_round{t}.sha256"
-    if path.exists() and path.read_text().strip() != digest:
-        raise DpsynthError(f"{path}: round {t} regenerated other candidates than the ones scored before the run "
-                           "stopped (was the request cache, DPSYNTH_CACHE, changed?); the saved scores cannot be "
-                           "reused: restore the cache or start a new run")
-    atomic_write_bytes(path, digest.encode())
-
 
 def _adapter_file(ctx: StepContext, digest: str) -> Path:
     return _method_files(ctx) / f"popri_adapter_{digest}.npy"

@@ -12,6 +12,7 @@ the same interface by sending each request to the parties and receiving only the
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -20,6 +21,7 @@ import numpy as np
 
 from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import Embedder
+from dpsynth.errors import DpsynthError
 from dpsynth.finetune.request import AdapterTraining
 from dpsynth.privacy.accountant import epsilon_tight
 from dpsynth.privacy.events import (
@@ -117,11 +119,15 @@ class ReleasingHolder:
         self.store = store
         self.diagnostics: dict[str, dict] = {}  # per release, from its noisy values only (post-processing)
 
-    def _release(self, key: ReleaseKey, noisy: Callable[[Release, float], np.ndarray]) -> np.ndarray:
+    def _release(self, key: ReleaseKey, noisy: Callable[[Release, float], np.ndarray],
+                 asked: dict | None = None) -> np.ndarray:
+        """`asked`: the public request (`asked_about`): saved with the release, and compared when a resumed run
+        asks for it again, so that a saved release never answers for other candidates than it was drawn for."""
         release = self.schedule.get(*key)
         value = self.knobs[release.knob]
         event = release.event(value) if value > 0 else None
         if release.name in self.store:  # released before a crash: never drawn or charged again
+            check_same_request(release.name, self.store.asked(release.name), asked)
             saved = self.store.get(release.name)
             # an un-noised (epsilon = inf) release is not kept on disk: recomputing it costs nothing
             return saved if saved is not None else noisy(release, value)
@@ -130,7 +136,7 @@ class ReleasingHolder:
         else:
             self.ledger.record(event)  # raises before anything is computed if over budget or repeated
         out = noisy(release, value)
-        self.store.save(release.name, event, out)
+        self.store.save(release.name, event, out, asked)
         if not isinstance(event, PureDpEvent):  # a sparse-vector answer is a bound, not a noisy count
             self.diagnostics[release.name] = signal_to_noise(out, value)
         return out.copy()
@@ -233,7 +239,7 @@ class CentralHolder(ReleasingHolder):
                                   device=None if self.__device == "cpu" else self.__device)
             return self._noised(r, value, votes)
 
-        return self._release(release, draw)
+        return self._release(release, draw, asked_about(spec, candidates, candidate_labels))
 
     def noisy_label_counts(self, labels: list[str], *, release: ReleaseKey) -> np.ndarray:
         def draw(r: Release, value: float) -> np.ndarray:
@@ -331,3 +337,37 @@ def signal_to_noise(noisy: np.ndarray, noise: float) -> dict:
         return {"entries": int(noisy.size), "noise": float(noise), "above_3_noise": None, "max_over_noise": None}
     return {"entries": int(noisy.size), "noise": float(noise),
             "above_3_noise": float(np.mean(noisy > 3 * noise)), "max_over_noise": float(noisy.max() / noise)}
+
+
+PROJECTION_TOLERANCE = 1e-3  # re-embedding the same texts moves a projection by about 1e-7
+
+
+def asked_about(spec: VoteSpec, candidates: np.ndarray, candidate_labels: np.ndarray) -> dict:
+    """A vote release's public request, compactly: the vote's settings, the candidates' labels (hashed)
+    and each candidate's projections on two fixed random directions (other texts: about 0.04 apart on each).
+    Candidates are synthetic or public (never private), so this may be saved. Projections, not a hash of the
+    embeddings: the same texts embedded again in other batches differ in the last bits (padding), which must not
+    refuse a resume."""
+    x = np.asarray(candidates, dtype=np.float64).reshape(len(candidates), -1)
+    directions = np.random.default_rng(0).standard_normal((x.shape[1], 2))
+    directions /= np.linalg.norm(directions, axis=0)
+    labels = np.asarray(candidate_labels, dtype=np.int64)
+    return {"spec": spec.model_dump(mode="json"), "candidates": len(x),
+            "labels": hashlib.sha256(labels.tobytes()).hexdigest(),
+            "projection": np.round(x @ directions, 5).tolist()}
+
+
+def check_same_request(name: str, saved: dict | None, now: dict | None) -> None:
+    """Refuse to reuse a saved release for another request than it answered: a resumed run that regenerated
+    other candidates (a changed seed, generator or setting; a lost or replaced request cache) would otherwise
+    select and weight its texts with votes cast on others."""
+    if saved is None or now is None:  # saved before dpsynth kept the request, or a request without candidates
+        return
+    same = (saved["spec"] == now["spec"] and saved["candidates"] == now["candidates"]
+            and saved["labels"] == now["labels"]
+            and np.allclose(saved["projection"], now["projection"], rtol=0.0, atol=PROJECTION_TOLERANCE))
+    if not same:
+        raise DpsynthError(f"release {name} was drawn for other candidates than this resumed run asks about "
+                           f"({saved['candidates']} then, {now['candidates']} now, or other texts): was a generation "
+                           "setting, the seed or the request cache (DPSYNTH_CACHE) changed? The saved release cannot "
+                           "be reused for them: restore them, or start a new run")

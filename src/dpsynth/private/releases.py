@@ -52,6 +52,7 @@ class ReleaseStore:
     def __init__(self, root: Path | None) -> None:
         self.root = root
         self._saved: dict[str, tuple[PrivacyEvent | None, np.ndarray | None]] = {}
+        self._asked: dict[str, dict] = {}  # per saved release: the public request it answered (AskedFor)
         self._clean: dict[str, np.ndarray] = {}  # un-noised values (epsilon = inf runs): this process only
         if root is not None and root.is_dir():
             loaded = []
@@ -66,6 +67,8 @@ class ReleaseStore:
                     event = None if data["event"] is None else _EVENT.validate_python(data["event"])
                     values = _load_values(data, path)
                     self._saved[data["name"]] = (event, values)
+                    if data.get("asked") is not None:
+                        self._asked[data["name"]] = data["asked"]
                 except (ValueError, KeyError) as err:
                     raise DpsynthError(f"{path}: damaged release checkpoint ({err}); the run cannot resume "
                                        "safely (this release may have been used)") from err
@@ -80,18 +83,24 @@ class ReleaseStore:
             return self._clean[name].copy()
         return None if saved is None or saved[1] is None else saved[1].copy()
 
+    def asked(self, name: str) -> dict | None:
+        """What the saved release was asked about (None: not saved, or saved by an older dpsynth)."""
+        return self._asked.get(name)
+
     def events(self) -> dict[str, PrivacyEvent | None]:
         return {name: event for name, (event, _) in self._saved.items()}
 
-    def save(self, name: str, event: PrivacyEvent | None, values: np.ndarray) -> None:
+    def save(self, name: str, event: PrivacyEvent | None, values: np.ndarray, asked: dict | None = None) -> None:
         kept = None if event is None else np.asarray(values, dtype=np.float64).copy()
         if event is None:
             self._clean[name] = np.asarray(values, dtype=np.float64).copy()
         self._saved[name] = (event, kept)
+        if asked is not None:
+            self._asked[name] = asked
         if self.root is not None:
             payload = {"name": name, "seq": len(self._saved),
                        "event": None if event is None else _EVENT.dump_python(event, mode="json"),
-                       "values": None if kept is None or kept.size > LARGE else kept.tolist()}
+                       "values": None if kept is None or kept.size > LARGE else kept.tolist(), "asked": asked}
             if kept is not None and kept.size > LARGE:
                 buffer = io.BytesIO()
                 np.save(buffer, kept)
