@@ -117,6 +117,9 @@ def test_a_crash_after_a_release_never_draws_it_again(crash_after: int, saved: i
     assert privacy["epsilon"] <= 2.0 * (1 + 1e-6)
     asked = [(r.seed, r.prompt_text()) for r in FakeGenerator.calls]
     assert len(asked) == len(set(asked)), "no generation was paid twice"
+    usage = json.loads((tmp_path / "run" / "metrics.json").read_text())["usage"].values()
+    assert sum(u["requests"] - u["cached"] for u in usage) == len(asked), \
+        "the requests paid before Ctrl-C count as paid (spend caps), not as cache hits"
 
 
 def test_resume_refuses_a_changed_unit_of_privacy_even_where_no_sensitivity_shows_it(tmp_path: Path) -> None:

@@ -587,6 +587,27 @@ def test_an_interrupted_call_does_not_wait_for_the_requests_of_another_call() ->
         assert sorted(_Echo.arrived) == ["b0", "b1"]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("ctrl_c_raises")
+def test_ctrl_c_in_a_fleet_call_still_hands_over_the_answers_in_flight() -> None:
+    """`processes: 2`, Ctrl-C while the main thread waits for its answers: the four requests already sent (paid
+    for) still reach on_result (the request cache) before KeyboardInterrupt goes on, and the other four are not
+    sent; before, the call was dropped at once and its answers in flight were thrown away."""
+    import os
+    import signal
+
+    with _echo_server(delay=1.0) as url:
+        gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
+        handed: list[int] = []
+        threading.Timer(0.4, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            gen.generate([GenerationRequest(messages=(("user", f"a{i}"),)) for i in range(8)],
+                         on_result=lambda i, r: handed.append(i))
+        assert sorted(handed) == [0, 1, 2, 3] and sorted(_Echo.arrived) == ["a0", "a1", "a2", "a3"]
+        again = gen.generate([GenerationRequest(messages=(("user", "b"),))])  # the fleet still works
+        assert [r.text for r in again] == ["b"]
+
+
 def _one_later(gen: OpenAICompatGenerator, text: str, after: float) -> list:
     """One request, asked `after` seconds from now (beside a batch another thread has in flight)."""
     time.sleep(after)

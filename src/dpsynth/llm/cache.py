@@ -157,9 +157,11 @@ class RequestCache:
 
         def write() -> None:
             with self._transaction() as db:
+                # a request answered twice (two processes past a stale claim) keeps its first answer: a run may
+                # already have used it, and its resume must find the same text again
                 db.executemany(
                     "INSERT INTO generations VALUES (?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT(key) DO UPDATE SET "
-                    "text=excluded.text, writes=writes+1",
+                    "writes=writes+1",
                     values,
                 )
 

@@ -376,6 +376,9 @@ class RequestFleet:
         while me.in_flight or me.unsent:
             try:
                 message = me.inbox.get(timeout=POLL_SECONDS)
+            except (KeyboardInterrupt, SystemExit):
+                self._finish_interrupted(me, on_result)
+                raise
             except queue.Empty:
                 self._check_router()
                 if me.unsent and not me.in_flight:  # a safety net: the hand-out leaves no free slot to a waiter
@@ -415,6 +418,28 @@ class RequestFleet:
             self._check_router()  # a worker that died is the reason, not the cancellations it caused
             raise DpsynthError((router.first_error or error) if error == CANCELLED else error)
         return [r for r in results if r is not None]
+
+    def _finish_interrupted(self, me: _Call, on_result: ResultCallback | None) -> None:
+        """Ctrl-C or SIGTERM while this call waits (on the thread that reads its answers): nothing more is sent,
+        and the answers already in flight, paid for, still reach `on_result` (the request cache) before the
+        interruption goes on, as on the one-process path; a second Ctrl-C stops the wait."""
+        self.cancel()
+        me.unsent = 0
+        while me.in_flight:
+            try:
+                message = me.inbox.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                self._check_router()
+                continue
+            received = isinstance(message, _Slot)
+            if not received:
+                me.in_flight -= 1
+                if message.result is not None and on_result is not None:
+                    try:
+                        on_result(message.index, message.result)
+                    except Exception:  # noqa: BLE001 - the interruption is the error to raise
+                        pass
+            self._router.hand_out(message.worker, me, received)
 
     def _send_claimed(self, me: _Call, slots: list[int], call: int, todo: list) -> None:
         """Send a request on each of the slots `me` claimed (counted as sent); if one cannot be sent, the call ends

@@ -26,7 +26,6 @@ from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder, check
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, cache_dir, create_owner_only, ensure_writable_dir, lock_run_dir
 from dpsynth.llm.base import Usage
-from dpsynth.llm.spend import SpendCapReached
 from dpsynth.methods.base import MethodState, StepContext, add_time
 from dpsynth.methods.generation import SyntheticSample
 from dpsynth.methods.relabel import RELABEL, RELABEL_SIGMA, relabel_stage
@@ -187,7 +186,7 @@ class Run:
             log.info("resume at iteration %d with epsilon %.4f spent (%d release(s) restored from release files)",
                      state.next_iteration, ledger.spent().epsilon, len(restored))
         usage = {g.display_name: Usage(prices=prices(g)) for g in cfg.generators}
-        if self.dir.usage_at_stop.exists():  # a spend cap stopped the run mid-step: its paid requests count
+        if self.dir.usage_at_stop.exists():  # the run stopped mid-step: the requests it paid for still count
             usage_saved = json.loads(self.dir.usage_at_stop.read_text())
         for name, u in usage_saved.items():
             if name in usage:
@@ -274,9 +273,10 @@ class Run:
             try:
                 record = self.method.step(live.ctx, live.state, t) if t < self.method.iterations() \
                     else stages[t - self.method.iterations()](live, t)
-            except SpendCapReached:
-                # what this step paid for is in the request cache, where a resume finds it at no cost: keep its
-                # count, so that the raised cap still counts everything the run paid
+            except BaseException:
+                # a spend cap, Ctrl-C, a scheduler's SIGTERM, a server that stopped answering: what this step
+                # paid for is in the request cache, where a resume finds it at no cost; keep its count, so that
+                # the resumed run's spend caps still count everything the run paid (only SIGKILL escapes this)
                 atomic_write_text(self.dir.usage_at_stop, json.dumps({k: asdict(u) for k, u in live.usage.items()}))
                 raise
             if not self.plan.schedule.is_empty:
