@@ -517,3 +517,31 @@ def test_help_and_version_still_exit_zero(tmp_path: Path) -> None:
         proc = _cli(*args, cwd=tmp_path)
         assert proc.returncode == 0 and proc.stdout and not proc.stderr, (args, proc.stderr)
     assert _cli(cwd=tmp_path).returncode == 2, "no arguments shows the help, exit 2 as click does"
+
+
+def test_eval_reads_the_runs_own_test_set_and_columns(tmp_path: Path, monkeypatch) -> None:
+    """README's `dpsynth eval runs/tickets --test tickets_test.csv` failed on a run whose columns are not
+    text/label (`body`, `queue`): eval now takes the run's data.text_column and data.label_column, and its
+    data.test when --test is left out; a run without a test set asks for --test in one line."""
+    import dpsynth.evaluate.run_eval as run_eval
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import _typer_app
+
+    run = tmp_path / "run"
+    run.mkdir()
+    test = _csv(tmp_path, "body,queue\nmy card is lost,cards\nmortgage rate,loans\n", "t.csv")
+    (run / "config.yaml").write_text(yaml.safe_dump({"embedder": "all-MiniLM-L6-v2", "seed": 0, "data": {
+        "test": str(test), "text_column": "body", "label_column": "queue"}}))
+    (run / "synthetic.jsonl").write_text('{"text": "lost card", "label": "cards", "iteration": 0}\n'
+                                         '{"text": "loan", "label": "loans", "iteration": 0}\n')
+    seen = []
+    monkeypatch.setattr(run_eval, "evaluate_run", lambda run_dir, test_set, **kw: seen.append(test_set) or {})
+    monkeypatch.setattr(run_eval, "summary_rows", lambda result: [])
+    for args in ([], ["--test", str(test)]):
+        result = CliRunner().invoke(_typer_app, ["eval", str(run), *args])
+        assert result.exit_code == 0, result.output
+    assert [(s.texts, s.labels) for s in seen] == [(["my card is lost", "mortgage rate"], ["cards", "loans"])] * 2
+    (run / "config.yaml").write_text("embedder: all-MiniLM-L6-v2\nseed: 0\ndata: {corpus: null}\n")
+    result = CliRunner().invoke(_typer_app, ["eval", str(run)])
+    assert isinstance(result.exception, DpsynthError) and "give one with --test FILE" in str(result.exception)

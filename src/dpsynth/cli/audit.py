@@ -42,7 +42,8 @@ def audit(
         assert config is not None
         cfg = load_config(config)
         out = out or Path("audits") / config.stem
-    console.print(f"audit directory: {out} (holds the private data with canaries until the audited run ends)")
+    console.print(f"audit directory: {out} (the data holder's: its run/ is computed from the private records and "
+                  "the canaries; share audit.json)")
     with progress_bars() as (_, report):
         result = run_audit(cfg, out, canaries=canaries, seed=seed, confidence=confidence,
                            reference_wall=reference_wall, progress=report)

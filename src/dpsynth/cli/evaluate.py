@@ -21,9 +21,12 @@ class Weights(str, Enum):
 
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A finished run directory."),
-    test: str = typer.Option(..., "--test", help="Real labelled test file, or corpus:NAME for a corpus' test split."),
-    text_column: str = typer.Option("text", "--text-column"),
-    label_column: str = typer.Option("label", "--label-column"),
+    test: str | None = typer.Option(None, "--test", help="Real labelled test file, or corpus:NAME for a corpus' test "
+                                    "split; default: the run's own (data.test, or its corpus' test split)."),
+    text_column: str | None = typer.Option(None, "--text-column",
+                                           help="default: the run's data.text_column"),
+    label_column: str | None = typer.Option(None, "--label-column",
+                                            help="default: the run's data.label_column"),
     classifier: Classifier = typer.Option(Classifier.probe, "--classifier",
                                           help="probe (fast) or finetune (MiniLM encoder, slower)."),
     mauve: bool = typer.Option(True, "--mauve/--no-mauve"),
@@ -35,13 +38,27 @@ def evaluate(
     from dpsynth.data.public import test_set as load_test_set
     from dpsynth.evaluate.run_eval import evaluate_run, load_run, summary_rows
 
-    _, rows = load_run(run_dir)  # check the run (config.yaml, synthetic.jsonl) before loading any model
-    test_set = load_test_set(test, text_column, label_column)
+    config, rows = load_run(run_dir)  # check the run (config.yaml, synthetic.jsonl) before loading any model
+    data = config.get("data") or {}
+    test = test or _runs_own_test(data, run_dir)
+    test_set = load_test_set(test, text_column or data.get("text_column") or "text",
+                             label_column or data.get("label_column") or "label")
     check_labels_match({str(r["label"]) for r in rows}, set(test_set.labels), test)
     result = evaluate_run(run_dir, test_set, classifier=classifier.value, with_mauve=mauve, weights=weights.value)
     for line in summary_rows(result):
         typer.echo(line)
     typer.echo(f"written: {run_dir}/eval.json")
+
+
+def _runs_own_test(data: dict, run_dir: Path) -> str:
+    """The test set the run itself was configured with: its corpus' test split or its data.test file."""
+    from dpsynth.errors import DpsynthError
+
+    if data.get("corpus"):
+        return f"corpus:{data['corpus']}"
+    if data.get("test"):
+        return str(data["test"])
+    raise DpsynthError(f"{run_dir}: the run has no test set (data.test); give one with --test FILE")
 
 
 def check_labels_match(synthetic: set[str], test: set[str], where: str) -> None:

@@ -75,14 +75,19 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
 
 
 def _run_settings(run_dir: RunDir) -> dict:
-    """The embedder and seed of a run, from its resolved config.yaml (the rest is not needed here)."""
+    """The embedder, seed and data section (its test set and columns) of a run, from its resolved config.yaml
+    (the rest is not needed here)."""
     if not run_dir.config.is_file():
         raise DpsynthError(f"{run_dir.root}: no config.yaml; not a dpsynth run directory")
     try:
         raw = yaml.safe_load(run_dir.config.read_text(encoding="utf-8")) or {}
         if not isinstance(raw, dict):
             raise TypeError("not a YAML mapping")
-        return {"embedder": str(raw.get("embedder", DEFAULT_EMBEDDER)), "seed": int(raw.get("seed", 0))}
+        data = raw.get("data") or {}
+        if not isinstance(data, dict):
+            raise TypeError("data: not a YAML mapping")
+        return {"embedder": str(raw.get("embedder", DEFAULT_EMBEDDER)), "seed": int(raw.get("seed", 0)),
+                "data": data}
     except (yaml.YAMLError, UnicodeDecodeError, ValueError, TypeError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DpsynthError(
