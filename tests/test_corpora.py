@@ -33,3 +33,15 @@ def test_sms_spam_split_is_fixed_and_a_private_draw_keeps_the_rare_label() -> No
 def test_unknown_corpus_names_the_available_ones() -> None:
     with pytest.raises(DpsynthError, match="rotten_tomatoes, trec, sms_spam"):
         get_corpus("nope")
+
+
+def test_a_corpus_is_parsed_once_per_process_and_each_caller_gets_its_own_copy(monkeypatch) -> None:
+    from dpsynth.data import corpora
+
+    corpus = corpora.get_corpus("sms_spam")
+    first = corpus.load()
+    monkeypatch.setattr(corpora.Corpus, "fetch", lambda self: (_ for _ in ()).throw(AssertionError("fetched again")))
+    second = corpus.load()
+    assert second.texts == first.texts and second.labels == first.labels
+    second.texts.append("a canary")
+    assert len(corpus.load()) == len(first), "a caller's addition changes no other copy"

@@ -102,6 +102,11 @@ def test_similarity_suppression_skips_near_duplicates_and_raises_tau() -> None:
     chosen, tau = select_distinct(votes[:2], emb[:2], 2, tau=0.5, step=0.1)
     assert chosen == [0, 1] and tau == pytest.approx(1.0)  # tau rose until both could be chosen
     assert self_similarity(emb[:2]) > 0.99 and abs(self_similarity(base)) < 1e-6
+    rng = np.random.default_rng(5)
+    cloud = rng.normal(size=(300, 8)) + 0.5
+    unit = cloud / np.linalg.norm(cloud, axis=1, keepdims=True)
+    pairs = unit @ unit.T
+    assert self_similarity(cloud) == pytest.approx((pairs.sum() - np.trace(pairs)) / (300 * 299), abs=1e-12)
     assert select_distinct(votes, emb, 0, tau=0.5, step=0.01)[0] == []  # a label with no elite keeps none
 
 

@@ -43,3 +43,18 @@ def test_every_timed_step_leaves_out_a_load_that_began_during_it(monkeypatch) ->
     ctx.add_time("evaluation", t0)
     assert timings["embedding"] == 1.0 and timings["load_models"] == 3.0
     assert timings["evaluation"] == 2.0  # 0.5 + 0.5 + 1.0: the load is in neither
+
+
+def test_one_encoder_is_loaded_per_model_and_device_for_the_process() -> None:
+    """A run's embedder, its evaluation and a bench's next cell share the loaded encoder (it was loaded two to
+    four times a cell); its embeddings are the ones a fresh load gives."""
+    from dpsynth.embed.sentence import SentenceTransformerEmbedder, _loaded_encoder
+
+    first, second = SentenceTransformerEmbedder(), SentenceTransformerEmbedder()
+    assert first._model is second._model
+    texts = ["a text to embed", "another, longer text to embed twice"]
+    shared = first.encode(texts)
+    _loaded_encoder.cache_clear()
+    fresh = SentenceTransformerEmbedder()
+    assert fresh._model is not first._model
+    np.testing.assert_array_equal(fresh.encode(texts), shared)

@@ -11,6 +11,7 @@ memory and dropped.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sqlite3
 import time
@@ -42,18 +43,10 @@ class SentenceTransformerEmbedder:
         length a small batch pads less and keeps its activations in cache (texts/s at 16 against 64 on a 2-core
         machine, medians of 3: 1,000 reviews 203 / 194, 600 answer-like texts 117 / 107, 120 of them 112 / 87; the
         embeddings the same within 1.5e-7; docs/scale.md)."""
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError as err:
-            raise DpsynthError("embeddings need sentence-transformers: pip install 'dpsynth[local]'") from err
         self.name = model
         self.device = device
         self._batch_size = batch_size or (256 if device == "cuda" else 16)
-        self._model = SentenceTransformer(resolve_model_path(model), device=device)
-        if device == "cuda":
-            self._model.half()
-        else:  # a checkpoint saved in fp16 would otherwise run in fp16 on the CPU: slower, and not what votes assume
-            self._model.float()
+        self._model = _loaded_encoder(resolve_model_path(model), device)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -62,6 +55,23 @@ class SentenceTransformerEmbedder:
             list(texts), batch_size=self._batch_size, convert_to_numpy=True, show_progress_bar=False
         )
         return np.asarray(out, dtype=np.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_encoder(path: str, device: str):  # -> SentenceTransformer (imported lazily)
+    """One loaded encoder per model and device for the process: a run's embedder, its evaluation, a reference
+    run and every cell of a bench share it (it was loaded two to four times a cell, 0.15 s each warm and 6 s
+    the first time). Encoding does not change the model; the fine-tuned classifier trains its own copy."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as err:
+        raise DpsynthError("embeddings need sentence-transformers: pip install 'dpsynth[local]'") from err
+    encoder = SentenceTransformer(path, device=device)
+    if device == "cuda":
+        encoder.half()
+    else:  # a checkpoint saved in fp16 would otherwise run in fp16 on the CPU: slower, and not what votes assume
+        encoder.float()
+    return encoder
 
 
 TEST_SET_CACHE = "embeddings-test-sets.sqlite"
