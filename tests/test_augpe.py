@@ -110,3 +110,35 @@ def test_output_all_keeps_every_population_at_the_same_cost_and_privacy(tmp_path
     assert len({(r["label"], r["text"].lower()) for r in every}) == 24
     assert [e["name"] for e in every_privacy["events"]] == [e["name"] for e in last_privacy["events"]]
     assert every_privacy["epsilon"] == pytest.approx(last_privacy["epsilon"])
+
+
+def test_a_label_left_with_no_sample_is_one_clear_error_before_the_votes(tmp_path, monkeypatch) -> None:
+    """A generator whose every answer is empty left a label with no population: the next iteration crashed with
+    ZeroDivisionError; now one line naming the label, before its vote release is charged."""
+    from fakes import FakeGenerator
+
+    from dpsynth.errors import DpsynthError
+    from dpsynth.llm.base import GenerationResult
+    from dpsynth.runs.engine import Run
+
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+
+    def empty_answers(self, requests, on_result=None):
+        out = [GenerationResult("", 1, 1) for _ in requests]
+        for i, result in enumerate(out):
+            if on_result:
+                on_result(i, result)
+        return out
+
+    monkeypatch.setattr(FakeGenerator, "generate", empty_answers)
+    csv = tmp_path / "private.csv"
+    csv.write_text("text,label\n" + "".join(f"review {i},{'pos' if i % 2 else 'neg'}\n" for i in range(20)))
+    cfg = parse_config({"method": "augpe", "data": {"private": str(csv)},
+                        "task": {"text_kind": "review", "labels": {"pos": "positive", "neg": "negative"}},
+                        "generators": [{"kind": "fake", "model": "a"}], "augpe": {"n": 8, "iterations": 3},
+                        "privacy": {"epsilon": 2.0, "delta": 1e-3, "label_proportions": None},
+                        "evaluate": False, "seed": 3})
+    with pytest.raises(DpsynthError, match="augpe: iteration 0 kept no sample of label"):
+        Run.create(cfg, tmp_path / "run").execute()
+    releases = tmp_path / "run" / "checkpoints" / "releases"
+    assert not releases.is_dir() or not list(releases.glob("*.json")), "no vote release was charged"

@@ -122,6 +122,20 @@ def test_a_crash_after_a_release_never_draws_it_again(crash_after: int, saved: i
         "the requests paid before Ctrl-C count as paid (spend caps), not as cache hits"
 
 
+def test_a_run_stopped_before_it_paid_for_anything_may_start_again_in_its_folder(tmp_path: Path) -> None:
+    """A first request refused (a wrong key, a server that is down, Ctrl-C) paid nothing and released nothing:
+    no usage file is left, so the corrected run starts in the same folder (docs/bad-input.md row 66)."""
+    raw = _config(tmp_path, "wasp", label_proportions=None)
+    FakeGenerator.fail_after = len(FakeGenerator.calls)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Run.create(parse_config(raw), tmp_path / "run").execute()
+    finally:
+        FakeGenerator.fail_after = None
+    assert not (tmp_path / "run" / "checkpoints" / "usage_at_stop.json").exists()
+    Run.create(parse_config(raw), tmp_path / "run").execute()
+
+
 def test_resume_refuses_a_changed_unit_of_privacy_even_where_no_sensitivity_shows_it(tmp_path: Path) -> None:
     """A run begun per person (k = 1: every sensitivity the same as per record) must not go on per record, nor the
     other way round: the ledger's stated unit would be wrong for the releases already made."""
@@ -168,6 +182,10 @@ def test_the_fingerprint_holds_what_a_resume_must_not_change_silently(tmp_path: 
     assert "which records a simulated party holds" in changed(fedgen, federated__partition="iid")
     assert "privacy event" in changed(fedgen, fedgen__local_steps=6)
     assert changed(fedgen, fedgen__temperature=0.9) == ""
+    wasp = {**fedgen, "method": "wasp", "generators": [{"model": "smollm2-135m-instruct"}, {"model": "gemma3-270m"}],
+            "wasp": {"n": 12, "iterations": 3}}
+    del wasp["fedgen"]
+    assert changed(wasp, seed=1) == "", "without party groups every release asks every party: the split is free"
     central = _config(tmp_path, "wasp")
     central["relabel"] = {"share": 0.2}
     assert "a share of epsilon" in changed(central, relabel__share=0.4)
@@ -215,6 +233,8 @@ def test_the_request_check_tolerates_re_embedding_and_refuses_other_texts() -> N
     before = json.loads(json.dumps(asked_about(spec, emb, labels)))  # as saved and read back
     check_same_request("r", before, asked_about(spec, emb + rng.normal(scale=1e-6, size=emb.shape), labels))
     check_same_request("r", None, asked_about(spec, emb, labels))  # a release saved by an older dpsynth
+    none = asked_about(spec, np.zeros((0, 384)), np.zeros(0, dtype=np.int64))  # an iteration that kept nothing
+    assert none["candidates"] == 0 and none["projection"] == []
     other = emb.copy()
     other[7] = rng.normal(size=384) / np.sqrt(384)
     for now in (asked_about(spec, other, labels), asked_about(spec, emb, labels[::-1]),

@@ -161,9 +161,10 @@ class RunDir:
 
     def is_started(self) -> bool:
         """The directory holds a run that spent something: a checkpoint, a release (or a long release's partial
-        state), a method's files, or a spend cap's usage. A run that stopped before all of these (a model, corpus
-        or key that could not be had, found once its directory and plan existed) spent nothing: its generations, if
-        any, are in the user-wide request cache, so a new run may start in its place (`Run.create`)."""
+        state), a method's files, or the usage of a step stopped after it paid for answers. A run that stopped
+        before all of these (a model, corpus or key that could not be had, found once its directory and plan
+        existed; a first request refused) spent nothing: its generations, if any, are in the user-wide request
+        cache, so a new run may start in its place (`Run.create`)."""
         def holds_files(folder: Path) -> bool:
             return folder.is_dir() and any(folder.iterdir())
 

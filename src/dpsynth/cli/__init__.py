@@ -60,6 +60,10 @@ _typer_app.command("export")(export)
 _typer_app.command("party-ledger")(party_ledger)
 
 
+# click 8.2+ raises this for a bare `dpsynth` (it shows the help); older clicks print the help themselves
+_NO_ARGS_IS_HELP: type[click.ClickException] | tuple[()] = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -71,7 +75,7 @@ def app() -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         code = _typer_app(standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as err:
+    except _NO_ARGS_IS_HELP as err:
         err.show()
         sys.exit(err.exit_code)
     except click.ClickException as err:

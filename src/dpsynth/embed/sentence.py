@@ -17,12 +17,15 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import create_owner_only
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 
@@ -58,7 +61,7 @@ class SentenceTransformerEmbedder:
 
 
 @functools.lru_cache(maxsize=4)
-def _loaded_encoder(path: str, device: str):  # -> SentenceTransformer (imported lazily)
+def _loaded_encoder(path: str, device: str) -> SentenceTransformer:
     """One loaded encoder per model and device for the process: a run's embedder, its evaluation, a reference
     run and every cell of a bench share it (it was loaded two to four times a cell, 0.15 s each warm and 6 s
     the first time). Encoding does not change the model; the fine-tuned classifier trains its own copy."""

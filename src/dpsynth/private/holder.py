@@ -127,10 +127,11 @@ class ReleasingHolder:
         value = self.knobs[release.knob]
         event = release.event(value) if value > 0 else None
         if release.name in self.store:  # released before a crash: never drawn or charged again
-            check_same_request(release.name, self.store.asked(release.name), asked)
             saved = self.store.get(release.name)
-            # an un-noised (epsilon = inf) release is not kept on disk: recomputing it costs nothing
-            return saved if saved is not None else noisy(release, value)
+            if saved is None:  # an un-noised (epsilon = inf) release is not kept on disk: recomputing costs nothing
+                return noisy(release, value)
+            check_same_request(release.name, self.store.asked(release.name), asked)
+            return saved
         if event is None:
             self.ledger.record_non_private(release.name)  # only an epsilon = inf ledger accepts this
         else:
@@ -348,7 +349,8 @@ def asked_about(spec: VoteSpec, candidates: np.ndarray, candidate_labels: np.nda
     Candidates are synthetic or public (never private), so this may be saved. Projections, not a hash of the
     embeddings: the same texts embedded again in other batches differ in the last bits (padding), which must not
     refuse a resume."""
-    x = np.asarray(candidates, dtype=np.float64).reshape(len(candidates), -1)
+    x = np.asarray(candidates, dtype=np.float64)
+    x = x.reshape(x.shape[0], int(np.prod(x.shape[1:]))) if x.ndim > 1 else x.reshape(-1, 1)
     directions = np.random.default_rng(0).standard_normal((x.shape[1], 2))
     directions /= np.linalg.norm(directions, axis=0)
     labels = np.asarray(candidate_labels, dtype=np.int64)

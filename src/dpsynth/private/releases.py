@@ -52,7 +52,7 @@ class ReleaseStore:
     def __init__(self, root: Path | None) -> None:
         self.root = root
         self._saved: dict[str, tuple[PrivacyEvent | None, np.ndarray | None]] = {}
-        self._asked: dict[str, dict] = {}  # per saved release: the public request it answered (AskedFor)
+        self._asked: dict[str, dict] = {}  # per saved release: the public request it answered (holder.asked_about)
         self._clean: dict[str, np.ndarray] = {}  # un-noised values (epsilon = inf runs): this process only
         if root is not None and root.is_dir():
             loaded = []

@@ -270,31 +270,39 @@ class Run:
             live.ctx.label_shares = label_shares(self.config, live.ctx.task, cast(DataHolder, live.ctx.holder),
                                                  self.method.label_release())
         for t in range(live.state.next_iteration, steps):
+            paid_before = _paid(live.usage)
             try:
                 record = self.method.step(live.ctx, live.state, t) if t < self.method.iterations() \
                     else stages[t - self.method.iterations()](live, t)
+                self._close_step(live, t, record)
             except BaseException:
-                # a spend cap, Ctrl-C, a scheduler's SIGTERM, a server that stopped answering: what this step
-                # paid for is in the request cache, where a resume finds it at no cost; keep its count, so that
-                # the resumed run's spend caps still count everything the run paid (only SIGKILL escapes this)
-                atomic_write_text(self.dir.usage_at_stop, json.dumps({k: asdict(u) for k, u in live.usage.items()}))
+                # a spend cap, Ctrl-C, a scheduler's SIGTERM, a server that stopped answering, a full disk at the
+                # checkpoint: what this step paid for is in the request cache, where a resume finds it at no cost;
+                # keep its count, so that the resumed run's spend caps still count everything the run paid (only
+                # SIGKILL escapes this). A step that paid nothing leaves no file: the run may start afresh.
+                if _paid(live.usage) != paid_before:
+                    atomic_write_text(self.dir.usage_at_stop,
+                                      json.dumps({k: asdict(u) for k, u in live.usage.items()}))
                 raise
-            if not self.plan.schedule.is_empty:
-                record["epsilon_spent"] = live.ledger.spent().epsilon
-            if live.holder.diagnostics:
-                record["releases"] = dict(live.holder.diagnostics)
-                live.holder.diagnostics.clear()
-            rounds = getattr(live.holder, "rounds", None)
-            if rounds:
-                record["federated_rounds"] = list(rounds)
-                rounds.clear()
-            log.info("iteration %d: kept %s; API retries so far %s", t,
-                     {k: v["kept"] for k, v in record.get("generated", {}).items()},
-                     {k: u.retries for k, u in live.usage.items()})
-            live.state.history.append(record)
-            live.state.next_iteration = t + 1
-            self._save_checkpoint(live)
         return self._finish(live)
+
+    def _close_step(self, live: _Live, t: int, record: dict) -> None:
+        """Add what the step's releases and rounds showed to its record, then checkpoint it."""
+        if not self.plan.schedule.is_empty:
+            record["epsilon_spent"] = live.ledger.spent().epsilon
+        if live.holder.diagnostics:
+            record["releases"] = dict(live.holder.diagnostics)
+            live.holder.diagnostics.clear()
+        rounds = getattr(live.holder, "rounds", None)
+        if rounds:
+            record["federated_rounds"] = list(rounds)
+            rounds.clear()
+        log.info("iteration %d: kept %s; API retries so far %s", t,
+                 {k: v["kept"] for k, v in record.get("generated", {}).items()},
+                 {k: u.retries for k, u in live.usage.items()})
+        live.state.history.append(record)
+        live.state.next_iteration = t + 1
+        self._save_checkpoint(live)
 
     def _final_stages(self) -> list[Callable[[_Live, int], dict]]:
         """The stages after the method's iterations, in order: label correction, then resampling (which then
@@ -426,6 +434,11 @@ def _changed_fields(before: dict, now: dict) -> str:
     later = {"final_stages", "unit", "events", "shares", "groups", "split"}
     diff = [names[k] for k in names if (k in before or k not in later) and before.get(k) != now.get(k)]
     return ", ".join(diff)
+
+
+def _paid(usage: dict[str, Usage]) -> dict[str, int]:
+    """Requests each generator has paid for (answered by it, not by the request cache)."""
+    return {name: u.requests - u.cached for name, u in usage.items()}
 
 
 def _count_load(timings: dict[str, float], loads: list[tuple[float, float]], seconds: float) -> None:

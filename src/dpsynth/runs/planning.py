@@ -150,11 +150,12 @@ class PrivacyPlan:
                 "accounting_delta": self.accounting_delta}
 
     def _split(self) -> list | None:
-        """Which records each simulated party holds: a resume that moved records between parties would let a
-        record answer for two groups whose releases the ledger composes in parallel (fedgen's strong parties
-        train, its weak ones vote). None when each party reads its own data (nodes) or files."""
+        """Which records each simulated party holds, where parties form groups (fedgen: strong parties train,
+        weak ones vote): a resume that moved records between parties would let a record answer for two groups
+        whose releases the ledger composes in parallel. None without groups (every release asks every party, so
+        which party holds a record does not matter) or when each party reads its own data (nodes)."""
         fed = self.config.federated
-        if fed is None or fed.partition == "nodes":
+        if fed is None or fed.partition == "nodes" or not self.method.party_groups():
             return None
         if fed.partition == "files":
             return ["files", list(fed.party_files or [])]
