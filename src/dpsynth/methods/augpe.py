@@ -145,7 +145,8 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         if t == 0:
             make_requests = zero_shot_requests(task, settings, seed, "random_api")
         else:
-            empty = [label for label in task.label_names if not any(x.label == label for x in state.population)]
+            empty = [label for label, count in plans[0].per_label.items()
+                     if count > 0 and not any(x.label == label for x in state.population)]
             if empty:  # checked before the votes are released: nothing to vary, and nothing spent on it
                 raise DpsynthError(f"augpe: iteration {t - 1} kept no sample of label(s) {', '.join(empty)} (every "
                                    "answer was empty, too long or a duplicate), so there is nothing to vary; check "
