@@ -66,7 +66,8 @@ class BenchConfig(BaseModel):
         description="downstream classifiers scored per cell: the logistic-regression probe on sentence embeddings "
         "(fast; always computed) and the fine-tuned MiniLM encoder (the papers' small task model; ~1-2 min a cell)")
     baseline: str | None = Field("zero-shot", description="variant every other one is compared with, paired "
-                                    "by seed and test example (95% bootstrap intervals)")
+                                    "by seed and test example (95% intervals: t over seeds plus the test set's "
+                                    "sampling error)")
 
 
 def load_bench(path: Path) -> BenchConfig:

@@ -211,8 +211,8 @@ GAIN_REFERENCES = {"before_relabelling": "the same texts with the labels they we
 
 def gain_lines(run_dir: Path, method: str, evaluation: dict) -> list[str]:
     """The final set's macro-F1 gain over the run's own no-private-data reference, paired by test example, with a
-    95% bootstrap interval over the test examples (one run, one seed: it covers test-set sampling only; the
-    seed-to-seed spread needs a bench)."""
+    95% interval over the test examples (one run, one seed: it covers test-set sampling only; the seed-to-seed
+    spread needs a bench)."""
     from dpsynth.bench.stats import paired_f1_difference
     from dpsynth.data.public import load_test
 
@@ -227,7 +227,7 @@ def gain_lines(run_dir: Path, method: str, evaluation: dict) -> list[str]:
                              draws=1000)
     return [f"[bold]gain from the private data[/bold]: macro-F1 {100 * d['difference']:+.2f} points "
             f"[{100 * d['low']:+.2f}, {100 * d['high']:+.2f}] over {GAIN_REFERENCES[key]}",
-            "  (95% bootstrap over the test examples of this one run; the spread over seeds needs a bench: "
+            "  (95% interval over the test examples of this one run; the spread over seeds needs a bench: "
             "docs/results.md)"]
 
 
