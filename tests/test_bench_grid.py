@@ -276,6 +276,21 @@ def test_paired_intervals_hold_their_95_percent_with_few_seeds() -> None:
     assert half > stats.t.ppf(0.975, 2) * seed_part ** 0.5, "at least the t interval over the seeds"
 
 
+def test_a_comparator_with_cells_for_several_plms_is_paired_by_plm_never_by_row_order() -> None:
+    from dpsynth.bench.stats import paired_table
+
+    good, bad = [1] * 8 + [0] * 2, [1] * 2 + [0] * 8
+    rows = [{"variant": "zs", "plms": "a", "epsilon": None, "seed": 0, "correct": good},
+            {"variant": "zs", "plms": "b", "epsilon": None, "seed": 0, "correct": bad},
+            {"variant": "dp", "plms": "a", "epsilon": 4.0, "seed": 0, "correct": good},
+            {"variant": "fused", "plms": "a+b", "epsilon": 4.0, "seed": 0, "correct": good}]
+    table = {(t["variant"], t["plms"]): t for t in paired_table(rows, "zs")}
+    assert table[("dp", "a")]["difference"] == 0.0, "paired with the same PLM's cell, not the last row's"
+    assert ("fused", "a+b") not in table, "no PLM of the comparator is this one: not paired at all"
+    one = paired_table(rows[:1] + rows[3:], "zs")
+    assert one[0]["difference"] == 0.0 and one[0]["plms"] == "a+b", "a comparator with one PLM pairs with any"
+
+
 def test_a_variant_may_be_paired_with_several_comparators() -> None:
     from dpsynth.bench.grid import Variant
 

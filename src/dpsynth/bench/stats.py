@@ -103,12 +103,25 @@ def paired_table(rows: list[dict], baseline: str | None, compare_with: dict[str,
     out = []
     for (variant, plms, eps), by_seed in groups.items():
         for against in compare_with.get(variant) or ([baseline] if baseline is not None else []):
-            base = {r["seed"]: r[key] for r in rows if r["variant"] == against and r.get(key)}
+            base = _comparator_cells(rows, against, plms, key)
             if variant != against and set(by_seed) & set(base):
                 diff = (paired_difference(by_seed, base) if truth is None
                         else paired_f1_difference(by_seed, base, truth))
                 out.append({"variant": variant, "plms": plms, "epsilon": eps, "versus": against, **diff})
     return out
+
+
+def _comparator_cells(rows: list[dict], against: str, plms: str, key: str) -> dict[int, list]:
+    """The comparator's cells by seed: those with the same PLMs, or its only PLMs (a fusion of every PLM against
+    a one-model method's cells); none when it has cells for several PLMs and none is this one (which seed's cell
+    to pair would otherwise depend on the rows' order)."""
+    by_plms: dict[str, dict[int, list]] = defaultdict(dict)
+    for r in rows:
+        if r["variant"] == against and r.get(key):
+            by_plms[r["plms"]][r["seed"]] = r[key]
+    if plms in by_plms:
+        return by_plms[plms]
+    return next(iter(by_plms.values())) if len(by_plms) == 1 else {}
 
 
 def paired_markdown(rows: list[dict], baseline: str | None, compare_with: dict[str, list[str]] | None = None, *,
