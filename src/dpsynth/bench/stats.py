@@ -83,10 +83,9 @@ def paired_f1_difference(a: dict[int, list[str]], b: dict[int, list[str]], truth
         return float(np.mean([_macro_f1(y[cols], pa[r][cols], k) - _macro_f1(y[cols], pb[r][cols], k)
                               for r in range(len(seeds))]))
 
-    every = np.arange(len(y))
     per_seed = np.array([_macro_f1(y, pa[r], k) - _macro_f1(y, pb[r], k) for r in range(len(seeds))])
     low, high = _interval(per_seed, difference, len(y), draws=draws, seed=seed)
-    return {"seeds": len(seeds), "difference": difference(every), "low": low, "high": high}
+    return {"seeds": len(seeds), "difference": float(per_seed.mean()), "low": low, "high": high}
 
 
 def paired_table(rows: list[dict], baseline: str | None, compare_with: dict[str, list[str]] | None = None, *,
