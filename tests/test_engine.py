@@ -136,6 +136,32 @@ def test_a_run_stopped_before_it_paid_for_anything_may_start_again_in_its_folder
     Run.create(parse_config(raw), tmp_path / "run").execute()
 
 
+@pytest.mark.parametrize("method,paid_before_kill", [("wasp", 3), ("augpe", 15)],
+                         ids=["in the first step, before any checkpoint", "in a later step"])
+def test_a_killed_run_counts_what_it_paid_from_the_request_cache(method: str, paid_before_kill: int,
+                                                                  tmp_path: Path) -> None:
+    """A SIGKILL between checkpoints leaves no usage file: the answers the killed step paid for are only in the
+    request cache, stored under the run's id, and the resume counts them as paid (spend caps) rather than as free
+    cache hits. Killed in its first step, the folder holds no checkpoint, so it must be resumed, not started
+    afresh with its spend forgotten."""
+    raw = _config(tmp_path, method, label_proportions=None)
+    FakeGenerator.fail_after = paid_before_kill
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(parse_config(raw), tmp_path / "run").execute()
+    FakeGenerator.fail_after = None
+    (tmp_path / "run" / "checkpoints" / "usage_at_stop.json").unlink()  # what a SIGKILL leaves: it was never written
+    if paid_before_kill == 3:
+        assert not (tmp_path / "run" / "checkpoints" / "state.json").exists()
+        with pytest.raises(DpsynthError, match="already holds a run"):
+            Run.create(parse_config(raw), tmp_path / "run")
+    Run.resume(tmp_path / "run").execute()
+    asked = [(r.seed, r.prompt_text()) for r in FakeGenerator.calls]
+    assert len(asked) == len(set(asked)), "no generation was paid twice"
+    usage = json.loads((tmp_path / "run" / "metrics.json").read_text())["usage"].values()
+    assert sum(u["requests"] - u["cached"] for u in usage) == len(asked)
+    assert sum(u["completion_tokens"] for u in usage) == 9 * len(asked)  # the fake answers with 9 tokens
+
+
 def test_resume_refuses_a_changed_unit_of_privacy_even_where_no_sensitivity_shows_it(tmp_path: Path) -> None:
     """A run begun per person (k = 1: every sensitivity the same as per record) must not go on per record, nor the
     other way round: the ledger's stated unit would be wrong for the releases already made."""

@@ -76,6 +76,43 @@ def test_reopen_serves_hits_and_counts_writes(tmp_path: Path) -> None:
     again.close()
 
 
+def test_answers_are_stored_under_their_payer_and_an_older_cache_gains_the_column(tmp_path: Path) -> None:
+    """`paid` counts a payer's answers and tokens (a killed run's spend is recovered from it); a cache file written
+    before payers were stored keeps its rows and serves them."""
+    path = tmp_path / "cache.sqlite"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE generations (key TEXT PRIMARY KEY, model TEXT, prompt TEXT, text TEXT, "
+                "prompt_tokens INTEGER, completion_tokens INTEGER, created REAL, writes INTEGER DEFAULT 1)")
+    old.execute("INSERT INTO generations VALUES ('old', 'm', 'p', 'kept', 3, 4, 0, 1)")
+    old.commit()
+    old.close()
+    cache = RequestCache(path)
+    assert cache.get_many(["old"]) == {"old": GenerationResult("kept", 3, 4, cached=True)}
+    cache.put_many([("a", "m", "p", GenerationResult("x", 5, 7)), ("b", "m", "p", GenerationResult("y", 1, 2))],
+                   payer="run1/gen")
+    cache.put_many([("a", "m", "p", GenerationResult("again", 9, 9))], payer="run2/gen")  # the first answer stays
+    cache.put("c", "m", "p", GenerationResult("z", 1, 1))
+    assert cache.paid("run1/gen") == (2, 6, 9)
+    assert cache.paid("run2/gen") == (0, 0, 0)
+    assert cache.paid_by_run("run1") == 2 and cache.paid_by_run("run") == 0
+    cache.close()
+    RequestCache(path).close()  # a second open finds the column there
+
+
+def test_a_generator_adds_the_answers_its_payer_paid_beyond_its_count(tmp_path: Path) -> None:
+    """What the run's usage missed (a SIGKILL before it was saved) is added; what it counted is not added twice."""
+    cache = RequestCache(tmp_path / "cache.sqlite")
+    gen = CachedGenerator(_Counting(), cache, payer="run/counting")
+    gen.generate([GenerationRequest(prompt=f"p{i}", seed=i) for i in range(3)])
+    assert gen.count_unrecorded_payments() == 0
+    resumed = CachedGenerator(_Counting(), cache, payer="run/counting")  # its usage was lost with the process
+    assert resumed.count_unrecorded_payments() == 3
+    assert resumed.usage.requests - resumed.usage.cached == 3
+    assert (resumed.usage.prompt_tokens, resumed.usage.completion_tokens) == (
+        gen.usage.prompt_tokens, gen.usage.completion_tokens)
+    assert resumed.count_unrecorded_payments() == 0
+
+
 class _Counting:
     name = "counting"
     model_id = "counting:1"
@@ -304,9 +341,9 @@ def test_every_answer_is_on_disk_before_the_claims_are_released(tmp_path: Path,
     cache = RequestCache(tmp_path / "c.sqlite")
     slow_put_many = cache.put_many
 
-    def slow(rows):
+    def slow(rows, payer=None):
         time.sleep(0.02)  # writes lag behind the answers, so the order of closing and releasing is what counts
-        slow_put_many(rows)
+        slow_put_many(rows, payer)
 
     on_disk_at_release = []
     release = cache.release_claims
@@ -338,7 +375,7 @@ def test_a_cache_that_cannot_be_written_stops_the_batch(tmp_path: Path, monkeypa
                                                         caplog: pytest.LogCaptureFixture) -> None:
     cache = RequestCache(tmp_path / "c.sqlite")
 
-    def full(rows):
+    def full(rows, payer=None):
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(cache, "put_many", full)
@@ -366,11 +403,12 @@ def test_a_request_that_cannot_be_written_is_an_error_not_a_silent_loss(tmp_path
 
 def test_an_answer_after_the_batch_closed_is_written_at_once(tmp_path: Path) -> None:
     cache = RequestCache(tmp_path / "c.sqlite")
-    writer = _CacheWriter(cache, "late:1", "late")
+    writer = _CacheWriter(cache, "late:1", "late", "run/late")
     writer.add("k1", GenerationRequest(prompt="first"), GenerationResult("one", 1, 1))
     assert writer.close() is None
     writer.add("k2", GenerationRequest(prompt="late"), GenerationResult("two", 1, 1))  # a backend answering late
     assert _stored(tmp_path / "c.sqlite") == {"first": "one", "late": "two"}
+    assert cache.paid("run/late") == (2, 2, 2)  # the late answer is stored as paid too
 
 
 def test_a_request_key_covers_every_field_and_keeps_the_keys_of_earlier_caches() -> None:

@@ -93,9 +93,11 @@ class RequestCache:
         self._retry(
             lambda: self._db.execute(
                 "CREATE TABLE IF NOT EXISTS generations (key TEXT PRIMARY KEY, model TEXT, prompt TEXT, text TEXT, "
-                "prompt_tokens INTEGER, completion_tokens INTEGER, created REAL, writes INTEGER DEFAULT 1)"
+                "prompt_tokens INTEGER, completion_tokens INTEGER, created REAL, writes INTEGER DEFAULT 1, "
+                "paid_by TEXT)"
             )
         )
+        self._retry(self._add_payer_column)
         self._retry(
             lambda: self._db.execute(
                 "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, owner TEXT, host TEXT, pid INTEGER, "
@@ -107,6 +109,16 @@ class RequestCache:
     @property
     def path(self) -> Path:
         return self._path
+
+    def _add_payer_column(self) -> None:
+        """A cache written before rows named their payer gains the column (its old rows have none)."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(generations)")}
+        if "paid_by" not in columns:
+            try:
+                self._db.execute("ALTER TABLE generations ADD COLUMN paid_by TEXT")
+            except sqlite3.OperationalError as err:  # another process added it first
+                if "duplicate column" not in str(err).lower():
+                    raise
 
     def _set_wal(self) -> None:
         # WAL is a property of the file: only the first process to open it switches (an exclusive lock).
@@ -148,11 +160,11 @@ class RequestCache:
     def put(self, key: str, model: str, prompt: str, result: GenerationResult) -> None:
         self.put_many([(key, model, prompt, result)])
 
-    def put_many(self, rows: Sequence[tuple[str, str, str, GenerationResult]]) -> None:
+    def put_many(self, rows: Sequence[tuple[str, str, str, GenerationResult]], payer: str | None = None) -> None:
         """Store (key, model, prompt, result) rows in one transaction: answers that arrive together share a
-        commit, which is most of a write's cost."""
+        commit, which is most of a write's cost. `payer` names who paid for them (a run's generator: `paid`)."""
         now = time.time()
-        values = [(key, model, prompt, r.text, r.prompt_tokens, r.completion_tokens, now)
+        values = [(key, model, prompt, r.text, r.prompt_tokens, r.completion_tokens, now, payer)
                   for key, model, prompt, r in rows]
 
         def write() -> None:
@@ -160,7 +172,8 @@ class RequestCache:
                 # a request answered twice (two processes past a stale claim) keeps its first answer: a run may
                 # already have used it, and its resume must find the same text again
                 db.executemany(
-                    "INSERT INTO generations VALUES (?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT(key) DO UPDATE SET "
+                    "INSERT INTO generations (key, model, prompt, text, prompt_tokens, completion_tokens, created, "
+                    "writes, paid_by) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?) ON CONFLICT(key) DO UPDATE SET "
                     "writes=writes+1",
                     values,
                 )
@@ -180,6 +193,24 @@ class RequestCache:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def paid(self, payer: str) -> tuple[int, int, int]:
+        """(answers, prompt tokens, completion tokens) stored as paid for by `payer`. Each answer is written as it
+        arrives, so this survives what a run's own count does not (a SIGKILL between checkpoints); it undercounts
+        only answers lost with the process before their write, and a request two payers answered (the first
+        answer's payer keeps it)."""
+        with self._lock:
+            count, prompt, completion = self._retry(lambda: self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) "
+                "FROM generations WHERE paid_by=?", (payer,)).fetchone())
+        return int(count), int(prompt), int(completion)
+
+    def paid_by_run(self, run_id: str) -> int:
+        """Answers stored as paid for by any generator of the run `run_id` (payers `<run_id>/<generator>`)."""
+        with self._lock:
+            (count,) = self._retry(lambda: self._db.execute(
+                "SELECT COUNT(*) FROM generations WHERE paid_by LIKE ?", (f"{run_id}/%",)).fetchone())
+        return int(count)
 
     def claim(self, keys: Sequence[str]) -> tuple[set[str], dict[str, int]]:
         """Claim the keys no live process has claimed and nobody has answered yet; returns them and {key: pid}
@@ -245,8 +276,8 @@ class _CacheWriter:
     queued answers to be written (a SIGKILL loses them, and a later run asks for them again). After a failed write
     nothing more is written, and the next answer's `add` raises the error, which stops the backend's sending."""
 
-    def __init__(self, cache: RequestCache, model: str, name: str) -> None:
-        self._cache, self._model, self._name = cache, model, name
+    def __init__(self, cache: RequestCache, model: str, name: str, payer: str | None) -> None:
+        self._cache, self._model, self._name, self._payer = cache, model, name, payer
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -262,7 +293,7 @@ class _CacheWriter:
                 self._queue.put((key, request, result))
                 return
         # a backend that answers after its `generate` returned: written here, as nothing reads the queue now
-        self._cache.put(key, self._model, request.prompt_text(), result)
+        self._cache.put_many([(key, self._model, request.prompt_text(), result)], self._payer)
 
     def _write(self) -> None:
         done = False
@@ -279,7 +310,8 @@ class _CacheWriter:
                 continue  # drained until the end mark, so that `close` never waits on a stuck queue
             try:
                 self._cache.put_many([(key, self._model, request.prompt_text(), result)
-                                      for key, request, result in (item for item in batch if item is not None)])
+                                      for key, request, result in (item for item in batch if item is not None)],
+                                     self._payer)
             except BaseException as err:  # noqa: BLE001 - kept for `add` and `close`, which raise it
                 self._error = CacheWriteError(
                     f"{self._name}: could not write answers to the request cache {self._cache.path} "
@@ -300,13 +332,16 @@ class CachedGenerator:
     """Wraps a backend: serves hits from the cache, sends only misses, records usage."""
 
     def __init__(self, inner: Generator, cache: RequestCache, usage: Usage | None = None,
-                 guard: SpendGuard | None = None) -> None:
+                 guard: SpendGuard | None = None, payer: str | None = None) -> None:
         """`guard`: the generator's spend caps; a batch that could cross one is sent only up to the cap, and
-        then `SpendCapReached` stops the caller (what was paid is cached)."""
+        then `SpendCapReached` stops the caller (what was paid is cached). `payer`: the name its answers are
+        stored under as paid (a run's id and the generator's name), from which `count_unrecorded_payments`
+        recovers what a killed run paid for."""
         self.inner = inner
         self.cache = cache
         self.usage = usage or Usage()
         self.guard = guard
+        self.payer = payer
         self.name = inner.name
         # Threads may call `generate` at once (replacements asked while a batch is in flight): usage is counted
         # under a lock, and generation time is the time at least one call was sending, not the calls' sum.
@@ -332,6 +367,23 @@ class CachedGenerator:
             if self._sending == 0:
                 self.usage.generation_seconds += time.perf_counter() - self._sending_since
                 self.usage.retries += self._backend_retries() - self._retries_before
+
+    def count_unrecorded_payments(self) -> int:
+        """Add to `usage` the answers the cache holds as paid by this generator's payer beyond what `usage`
+        counts, and return how many. A run's usage is saved at each checkpoint and at any stop it sees; a SIGKILL
+        (the OOM killer, a preempted machine) between them loses the count of the step's paid answers, though
+        not the answers, and the resumed step finds them cached for free, so its spend caps would count them
+        nowhere. Both counts only ever miss payments, never invent them, so the larger is kept."""
+        if self.payer is None:
+            return 0
+        answers, prompt, completion = self.cache.paid(self.payer)
+        with self._lock:
+            missing = answers - (self.usage.requests - self.usage.cached)
+            if missing > 0:
+                self.usage.requests += missing
+            self.usage.prompt_tokens = max(self.usage.prompt_tokens, prompt)
+            self.usage.completion_tokens = max(self.usage.completion_tokens, completion)
+        return max(missing, 0)
 
     def _backend_retries(self) -> int:
         """Retries the backend has made so far (API backends count them; others have none)."""
@@ -435,7 +487,7 @@ class CachedGenerator:
         self._started_sending()
         failed: BaseException | None = None
         allowed = len(indices)
-        writer = _CacheWriter(self.cache, self.model_id, self.name)
+        writer = _CacheWriter(self.cache, self.model_id, self.name, self.payer)
 
         def store(j: int, result: GenerationResult) -> None:
             i = indices[j]

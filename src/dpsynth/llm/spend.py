@@ -1,9 +1,10 @@
 """Spend control for paid generators: caps over a run, a client-side rate limit, and the dry run's estimate.
 
 Caps (`max_requests`, `max_total_tokens`, `max_cost` per generator) count what the run has paid for: uncached
-requests and their tokens (`Usage`, carried across resumes in the checkpoints). Before a batch is sent,
-`SpendGuard.admit` lets through only as many requests as cannot cross a cap even if each answer is as long
-as `max_tokens` allows and its prompt as long as its UTF-8 bytes (`prompt_tokens_estimate`, an upper bound
+requests and their tokens (`Usage`, carried across resumes in the checkpoints, and after a SIGKILL recovered from
+the answers the request cache stores as paid by the run: `CachedGenerator.count_unrecorded_payments`). Before a
+batch is sent, `SpendGuard.admit` lets through only as many requests as cannot cross a cap even if each answer is
+as long as `max_tokens` allows and its prompt as long as its UTF-8 bytes (`prompt_tokens_estimate`, an upper bound
 for byte-level BPE); the rest are not sent, and `SpendCapReached` stops the run. Everything paid so far is in
 the request cache and the last checkpoint, so raising the cap in the run's config.yaml and resuming
 continues without paying twice.

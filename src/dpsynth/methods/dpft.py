@@ -204,7 +204,7 @@ def adapter_generator(ctx: StepContext, model: Path, adapter: np.ndarray, *, r: 
     inner = AdapterGenerator(model, adapter.astype("float32"), r=r, alpha=alpha, name=name, chat=chat,
                              batch_size=32 if chat else 8)
     inner.to_device(resolve_device(ctx.config.device))  # the run's `device:`, as for the base generators
-    return CachedGenerator(inner, base.cache, base.usage), inner
+    return CachedGenerator(inner, base.cache, base.usage, payer=base.payer), inner
 
 
 def _hash(adapter) -> str:

@@ -40,9 +40,16 @@ def prices(g: GeneratorConfig) -> dict[str, float]:
     return out
 
 
-def build_generators(config: RunConfig, usage: dict[str, Usage]) -> dict[str, CachedGenerator]:
-    """Every generator behind the persistent request cache, counting into `usage`."""
-    cache = RequestCache(cache_dir() / "requests.sqlite")
+def open_request_cache() -> RequestCache:
+    """The user-wide request cache every run's generators share (`DPSYNTH_CACHE` moves it)."""
+    return RequestCache(cache_dir() / "requests.sqlite")
+
+
+def build_generators(config: RunConfig, usage: dict[str, Usage], run_id: str | None = None
+                     ) -> dict[str, CachedGenerator]:
+    """Every generator behind the persistent request cache, counting into `usage`; with `run_id`, the answers
+    each pays for are stored as paid by `<run_id>/<generator name>` (CachedGenerator.count_unrecorded_payments)."""
+    cache = open_request_cache()
     out = {}
     for i, g in enumerate(config.generators):
         limits = SpendLimits.of(g)
@@ -50,7 +57,8 @@ def build_generators(config: RunConfig, usage: dict[str, Usage]) -> dict[str, Ca
         backend = build_generator(g)
         if hasattr(backend, "to_device"):  # torch backends follow the run's device; llama.cpp and APIs have none
             backend.to_device(resolve_device(config.device))
-        out[g.display_name] = CachedGenerator(backend, cache, usage[g.display_name], guard)
+        payer = None if run_id is None else f"{run_id}/{g.display_name}"
+        out[g.display_name] = CachedGenerator(backend, cache, usage[g.display_name], guard, payer=payer)
     return out
 
 

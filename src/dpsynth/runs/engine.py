@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from dpsynth.runs.build import (
     build_holder,
     check_before_start,
     label_shares,
+    open_request_cache,
     prices,
     reads_private,
 )
@@ -96,7 +98,7 @@ class Run:
         check_embedder_available(config.embedder)
         check_before_start(plan_privacy(config), kw.get("private"))
         run = cls(config, d.root, **kw)  # takes the directory's lock before looking at what it holds
-        if d.is_started():
+        if d.is_started() or _paid_before_it_was_killed(d):
             run.close()
             raise DpsynthError(f"{d.root} already holds a run; resume it with `dpsynth run --resume {d.root}`")
         if d.plan.exists():  # the plan of a run that stopped before spending anything: this one starts afresh
@@ -165,7 +167,7 @@ class Run:
         self._setup_logging()
         task = task_for(cfg)
         self.method.check_task(task)  # settings that cannot work fail before anything is spent
-        knobs = self._knobs()  # checks (or fixes) the privacy plan before anything is released
+        knobs, run_id = self._knobs()  # checks (or fixes) the privacy plan before anything is released
         saved = self._load_checkpoint()
         if saved is None:
             ledger = PrivacyLedger(cfg.privacy.epsilon, self.plan.accounting_delta, self.plan.assumptions())
@@ -203,7 +205,12 @@ class Run:
         holder = build_holder(self.plan, knobs=knobs, ledger=ledger, store=store, task=task, embedder=embedder,
                               given=self._given)
         private_seconds = add_time(timings, loads, outputs.DATA_HOLDER_TIME, since)
-        generators = build_generators(cfg, usage)  # a bad model file or key fails before any model loads
+        generators = build_generators(cfg, usage, run_id)  # a bad model file or key fails before any model loads
+        for name, generator in generators.items():
+            unrecorded = generator.count_unrecorded_payments()
+            if unrecorded:
+                log.warning("%s: %d answer(s) paid for before the run was killed are counted from the request "
+                            "cache (its spend caps include them)", name, unrecorded)
         # A federated run's private label proportions are a round of the federation, which starts later.
         requests = cast(DataHolder, holder)  # a central or federated holder: both answer every request
         since = time.perf_counter()
@@ -223,29 +230,32 @@ class Run:
         timings["load_models"] -= private_seconds
         return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg))
 
-    def _knobs(self) -> dict[str, float]:
+    def _knobs(self) -> tuple[dict[str, float], str | None]:
         """The calibrated knobs: computed and saved with the plan's fingerprint before the first release,
-        or read back on resume after checking that nothing the schedule depends on was edited."""
+        or read back on resume after checking that nothing the schedule depends on was edited. Also the run's
+        id, saved with them: the request cache names the payer of each answer by it (None for a plan saved by
+        an older dpsynth)."""
         path = self.dir.plan
         if path.exists():
             try:
                 saved = json.loads(path.read_text())
-                before, knobs = saved["fingerprint"], saved["knobs"]
-            except (ValueError, KeyError, TypeError) as err:
+                before, knobs, run_id = saved["fingerprint"], saved["knobs"], saved.get("run_id")
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
                 raise DpsynthError(f"{path}: damaged checkpoint ({err}); the run cannot be resumed") from err
             changed = _changed_fields(before, self.plan.fingerprint())
             if changed:
                 raise DpsynthError(f"{self.dir.config}: {changed} changed since the run started; the privacy "
                                    "schedule depends on it, so the run cannot resume with it (restore it or start "
                                    "a new run)")
-            return knobs
+            return knobs, run_id
         if self.dir.state.exists():
             raise DpsynthError(f"{self.dir.root}: checkpoint written by an older dpsynth (before format "
                                f"{CHECKPOINT_FORMAT}); it cannot be resumed by this version: start a new run")
         knobs = self.calibrate()
+        run_id = uuid.uuid4().hex
         atomic_write_text(path, json.dumps({"format": CHECKPOINT_FORMAT, "fingerprint": self.plan.fingerprint(),
-                                            "knobs": knobs}))
-        return knobs
+                                            "knobs": knobs, "run_id": run_id}))
+        return knobs, run_id
 
     def _check_saved_releases(self, store: ReleaseStore, knobs: dict[str, float]) -> None:
         """Every saved release must be one the schedule makes, at the saved knobs."""
@@ -278,8 +288,9 @@ class Run:
             except BaseException:
                 # a spend cap, Ctrl-C, a scheduler's SIGTERM, a server that stopped answering, a full disk at the
                 # checkpoint: what this step paid for is in the request cache, where a resume finds it at no cost;
-                # keep its count, so that the resumed run's spend caps still count everything the run paid (only
-                # SIGKILL escapes this). A step that paid nothing leaves no file: the run may start afresh.
+                # keep its count, so that the resumed run's spend caps still count everything the run paid (a
+                # SIGKILL's is recovered from the cache's payers at resume: count_unrecorded_payments). A step that
+                # paid nothing leaves no file: the run may start afresh.
                 if _paid(live.usage) != paid_before:
                     atomic_write_text(self.dir.usage_at_stop,
                                       json.dumps({k: asdict(u) for k, u in live.usage.items()}))
@@ -434,6 +445,23 @@ def _changed_fields(before: dict, now: dict) -> str:
     later = {"final_stages", "unit", "events", "shares", "groups", "split"}
     diff = [names[k] for k in names if (k in before or k not in later) and before.get(k) != now.get(k)]
     return ", ".join(diff)
+
+
+def _paid_before_it_was_killed(d: RunDir) -> bool:
+    """The directory's plan names a run that the request cache holds paid answers of: a run killed in its first
+    step, before any checkpoint or stop file. Starting afresh there would drop what it paid from the spend caps,
+    so it is resumed instead (`CachedGenerator.count_unrecorded_payments`)."""
+    try:
+        run_id = json.loads(d.plan.read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(run_id, str):
+        return False
+    cache = open_request_cache()
+    try:
+        return cache.paid_by_run(run_id) > 0
+    finally:
+        cache.close()
 
 
 def _paid(usage: dict[str, Usage]) -> dict[str, int]:
