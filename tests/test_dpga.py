@@ -126,6 +126,10 @@ def test_adjacency_user_level_and_ablations_in_the_schedule() -> None:
     ablated = plan_for_method("dpga", epsilon=4, options={"generations": 2, "use_keywords": False}).calibrate()
     assert "keywords_scale" not in ablated and ablated["lengths_scale"] == pytest.approx(full["lengths_scale"])
     assert ablated["vote_sigma"] < full["vote_sigma"]  # the freed share goes to the votes
+    # the report names the votes' Poisson sampler its epsilon relies on (not the default "every record votes")
+    sampled = plan_for_method("dpga", epsilon=4, options={"generations": 2}).assumptions().sampler
+    assert "Poisson sampling of the records at rate 0.8" in sampled
+    assert "every record votes" in user.assumptions().sampler
 
 
 def test_keywords_are_parsed_from_plm_lists() -> None:

@@ -202,27 +202,48 @@ def test_empty_batches_still_add_noise(fresh: tuple[Any, Any, np.ndarray]) -> No
     assert np.array_equal(train_adapter(model, tok, [PROMPT] * 8, TEXTS, silent, checkpoint_dir=None), init)
 
 
-@pytest.mark.slow
-def test_the_noise_keeps_its_scale_in_opacus_secure_mode(fresh: tuple[Any, Any, np.ndarray], monkeypatch) -> None:
-    """secure_mode sums 4 Gaussian draws per coordinate (the floating-point defence) and rescales: on an empty
-    batch the gradient is the noise alone, so its norm is sigma * clip * sqrt(d) (d about 1.6e5 here)."""
-    import opacus.optimizers.optimizer as opacus_optimizer
+def test_dp_sgd_noise_is_the_float64_sum_of_four_draws_from_the_steps_stream() -> None:
+    """Each coordinate's noise is sigma/2 times the sum of 4 standard normals drawn in float64 from the step's
+    stream (the floating-point defence at float64, not the parameters' float32), added to the float64 clipped
+    sum and only then rounded; a step without its stream is refused rather than drawn from elsewhere."""
+    from opacus import GradSampleModule
 
-    model, tok, init = fresh
-    cfg = settings(steps=1, sampling_rate=1e-9, noise_multiplier=2.0, clip_norm=0.5)
-    modes: list[bool] = []
-    draw = opacus_optimizer._generate_noise
+    from dpsynth.finetune.dp_adam import Float64NoiseOptimizer
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        modes.append(kwargs.get("secure_mode", False))
-        return draw(*args, **kwargs)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    gsm = GradSampleModule(layer, batch_first=True, loss_reduction="sum")
+    optimizer = Float64NoiseOptimizer(torch.optim.SGD(layer.parameters(), lr=0.0), noise_multiplier=1.5,
+                                      max_grad_norm=0.7, expected_batch_size=1, loss_reduction="sum")
+    gsm(torch.randn(4, 3)).sum().backward()
+    with pytest.raises(RuntimeError, match="stream"):
+        optimizer.step()
+    optimizer.zero_grad()
+    gsm(torch.randn(4, 3)).sum().backward()
 
-    monkeypatch.setattr(opacus_optimizer, "_generate_noise", spy)
-    norms: list[float] = []
-    train_adapter(model, tok, [PROMPT] * 8, TEXTS, cfg, checkpoint_dir=None, on_step=lambda _, n: norms.append(n))
-    expected = cfg.noise_multiplier * cfg.clip_norm * np.sqrt(init.size)
-    assert norms and abs(norms[0] / expected - 1) < 0.02
-    assert modes and all(modes)  # every parameter's noise drawn in secure mode
+    def stream() -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence([2**200 + 11, 0, 1])))
+
+    optimizer.noise = stream()
+    optimizer.step()
+    rebuilt = stream()
+    for p in optimizer.params:
+        expected = p.summed_grad.to(torch.float64) + torch.from_numpy(
+            rebuilt.standard_normal((4, *p.shape)).sum(axis=0) * (1.5 * 0.7 / 2))
+        assert torch.equal(p.grad, expected.to(torch.float32))
+
+
+def test_dp_sgd_noise_has_the_accounted_scale() -> None:
+    """sigma/2 times a sum of 4 standard normals is N(0, sigma^2): what the accountant assumed."""
+    from dpsynth.finetune.dp_adam import Float64NoiseOptimizer
+
+    weight = torch.nn.Parameter(torch.zeros(200_000))
+    optimizer = Float64NoiseOptimizer(torch.optim.SGD([weight], lr=0.0), noise_multiplier=2.0, max_grad_norm=0.5,
+                                      expected_batch_size=1, loss_reduction="sum")
+    weight.summed_grad = torch.zeros(200_000)
+    optimizer.noise = np.random.Generator(np.random.PCG64DXSM(5))
+    optimizer.add_noise()
+    assert abs(float(weight.grad.std()) / 1.0 - 1) < 0.01 and abs(float(weight.grad.mean())) < 0.01
 
 
 class Interrupted(Exception):

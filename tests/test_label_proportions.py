@@ -88,3 +88,21 @@ def test_infinite_epsilon_run_releases_votes_without_noise_and_says_not_dp(tmp_p
     votes = holder.noisy_votes(spec, cand, np.array([0, 0, 1, 1]), release=("wasp.votes", 0))
     assert votes.sum() == 40  # every record's clean Top-1 vote, un-noised
     assert not ledger.is_private and ledger.spent().epsilon == math.inf
+
+
+def test_a_saved_noisy_release_without_its_values_is_refused_not_drawn_again(tmp_path: Path) -> None:
+    """A release file whose event is there but whose values are gone (damaged, or edited) must stop the resume:
+    read as an un-noised release, each later request would draw fresh noise that is never charged."""
+    import json
+
+    cfg = parse_config(_config(tmp_path, "dp"))
+    knobs = plan_privacy(cfg).calibrate()
+    store = ReleaseStore(tmp_path / "releases")
+    holder = _holder(cfg, PrivacyLedger(2.0, 1e-5), knobs, store)
+    label_shares(cfg, task_for(cfg), holder, (LABELS_RELEASE, None))
+    (saved,) = (tmp_path / "releases").glob("*.json")
+    data = json.loads(saved.read_text())
+    assert data["event"] is not None and data["values"] is not None
+    saved.write_text(json.dumps({**data, "values": None}))
+    with pytest.raises(DpsynthError, match="damaged release checkpoint.*without its values"):
+        ReleaseStore(tmp_path / "releases")

@@ -142,6 +142,7 @@ def test_report_lists_everything_and_compares_with_paper() -> None:
     json.dumps(report)
     assert report["within_budget"]
     assert report["noise"]["for_release"] is False
+    assert "dp_sgd" not in report["noise"]  # no DP-SGD release: the exact samplers made every noise
     assert len(report["events"]) == 5
     assert report["paper_formula"]["value"] == pytest.approx(9.690, rel=1e-3)
     assert report["paper_formula"]["epsilon_of_paper_value"] == pytest.approx(1.287, rel=5e-3)
@@ -172,3 +173,16 @@ def test_non_private_release_only_in_an_infinite_budget_run_and_reported_as_not_
     text = json.dumps(report, allow_nan=False)  # strict JSON: no Infinity
     assert '"differentially_private": false' in text and report["epsilon"] is None
     assert "NOT DP" in summary_lines(report)[0]
+
+
+def test_the_report_states_what_was_checked_on_the_private_data_without_noise() -> None:
+    """A run refuses private data with an empty label, too few records or delta >= 1/M, unnoised: a finished run
+    discloses that they hold, so the report says so (and that a simulation's split is not a fixed partition)."""
+    from dpsynth.runs.planning import plan_for_method
+
+    central = plan_for_method("wasp", epsilon=4, options={"q": 8}).assumptions().checked_on_private_data
+    assert "every task label has a private record" in central and "at least 8 private records" in central
+    assert "M < 100000" in central and "both pass them" in central and "simulation" not in central
+    assert plan_for_method("zero-shot", epsilon=4).assumptions().checked_on_private_data == "none"
+    simulated = plan_for_method("wasp", epsilon=4, parties=3).assumptions().checked_on_private_data
+    assert "no party holds more than" in simulated and "move others between parties" in simulated

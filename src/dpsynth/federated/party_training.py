@@ -62,7 +62,7 @@ def local_update(shard: PartyShard, adapter: np.ndarray, config: Any, *, noise_s
     load_adapter_vector(model, adapter)
     # secret unless the simulation is seeded for reproducibility (then the report says NOT FOR RELEASE)
     stream = f"{config['release']}/round{int(config['round_index'])}/party{shard.party_id}"
-    seed = int(NoiseSource(noise_seed).stream(stream).integers(2**62))
+    seed = NoiseSource(noise_seed).secret_seed(stream)
     settings = TrainSettings(steps=request.steps, sampling_rate=request.sampling_rate,
                              noise_multiplier=float(config["noise_multiplier"]), clip_norm=request.clip_norm,
                              learning_rate=request.learning_rate, max_length=request.max_length, seed=seed)

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpsynth.errors import DpsynthError
@@ -110,8 +111,8 @@ def train_adapter(
     privacy as 0..U-1 (a person with several examples); None: every example is its own unit. The model is
     returned to its own train/eval mode and free of Opacus hooks, even when a step fails. `device` ('cpu' or
     'cuda'): where the model, the examples, the per-example gradients and the noise generator live; the model is
-    moved there and stays. Seeded noise differs across devices (each has its own generator), the schedule and
-    the accounting do not.
+    moved there and stays. The batches and the noise are drawn on the CPU (numpy streams under the secret seed),
+    so a seeded run draws the same on every device; LoRA dropout uses the device's own generator.
     """
     if len(prompts) != len(texts):
         raise ValueError("prompts and texts differ in length")
@@ -130,19 +131,14 @@ def train_adapter(
         return adapter_vector(model)
 
     encoded = encode_examples(tokenizer, prompts, texts, settings.max_length, device)
-    noise = torch.Generator(device=device)  # Opacus draws the noise on the parameters' device
     was_training = model.training
     gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
-    optimizer = DPOptimizer(
+    optimizer = Float64NoiseOptimizer(
         adam,
         noise_multiplier=settings.noise_multiplier,
         max_grad_norm=settings.clip_norm,
         expected_batch_size=1,
         loss_reduction="sum",
-        generator=noise,
-        # Opacus' defence against floating-point attacks on the noise (Holohan and Braghin 2021, sec. 5.1): each
-        # coordinate's noise is the scaled sum of 4 Gaussian draws, not one; same distribution, same accounting
-        secure_mode=True,
     )
     gsm.train()
     try:
@@ -150,7 +146,8 @@ def train_adapter(
             sampled = poisson_batch(int(units.max()) + 1 if len(units) else 0, settings.sampling_rate,
                                     settings.seed, step)
             batch = np.flatnonzero(np.isin(units, sampled))
-            noise.manual_seed(_stream_seed(settings.seed, step, _NOISE))
+            optimizer.noise = np.random.Generator(np.random.PCG64DXSM(
+                np.random.SeedSequence([settings.seed, step, _NOISE])))
             with torch.random.fork_rng(devices=_cuda_index(device)):  # the secret seed leaves no RNG seeded
                 torch.manual_seed(_stream_seed(settings.seed, step, _DROPOUT))
                 grad_norm = _dp_step(gsm, optimizer, params, encoded, batch, units[batch])
@@ -163,6 +160,29 @@ def train_adapter(
         _unwrap(gsm, optimizer)
         model.train(was_training)
     return adapter_vector(model)
+
+
+class Float64NoiseOptimizer(DPOptimizer):
+    """Opacus' DPOptimizer with the noise drawn in float64 from `noise` (a numpy stream under the step's secret
+    seed) rather than torch's float32 generator: each coordinate gets the sum of 4 standard normal draws times
+    sigma / 2 (N(0, sigma^2), the same distribution and accounting; Holohan and Braghin 2021, sec. 5.1), added
+    to the clipped sum in float64 and rounded to the parameter's dtype afterwards. Opacus' own `secure_mode`
+    draws its 4 in the parameters' float32, where the attack's cost is far lower, from torch's generator under a
+    64-bit seed. Why not OpenDP's exact sampler: privacy/mechanisms.py (DP-SGD's noise)."""
+
+    noise: np.random.Generator | None = None
+
+    def add_noise(self) -> None:
+        if self.noise is None:
+            raise RuntimeError("Float64NoiseOptimizer.noise must be set to the step's stream before the step")
+        sigma = self.noise_multiplier * self.max_grad_norm
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            clean = p.summed_grad.detach().to(torch.float64)
+            draws = self.noise.standard_normal((4, *clean.shape))
+            noise = torch.from_numpy(draws.sum(axis=0) * (sigma / 2.0)).to(clean.device)
+            p.grad = (clean + noise).to(p.summed_grad.dtype).view_as(p)
+            _mark_as_processed(p.summed_grad)
 
 
 def _dp_step(

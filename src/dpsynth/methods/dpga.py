@@ -151,6 +151,12 @@ class DPGA(Method[DPGAOptions, DPGAState]):
                                f"({len(task.labels)}); raise dpga.n")
 
     # -- privacy -------------------------------------------------------------------
+    def assumptions(self) -> dict[str, str]:
+        o = self.options
+        votes = ("every record votes in every generation" if o.sampling_rate >= 1 else
+                 f"Poisson sampling of the records at rate {o.sampling_rate:g}, drawn afresh each generation")
+        return {"sampler": f"votes: {votes}; label, length and keyword histograms: every record"}
+
     def label_schedule(self) -> Schedule:
         return Schedule((), ())  # the label histogram is one of this method's own Laplace releases
 

@@ -15,6 +15,7 @@ from typing import Any
 from dpsynth.fs import atomic_write_text
 from dpsynth.privacy.accountant import epsilon_tight, gaussian_mu, primary_accountant, scope_groups
 from dpsynth.privacy.ledger import PrivacyLedger
+from dpsynth.privacy.mechanisms import DPSGD_NOISE
 
 
 def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, Any] | None = None,
@@ -48,6 +49,8 @@ def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, An
         "noise": {
             "mode": noise_mode,
             "for_release": not noise_mode.startswith("seeded"),
+            # DP-SGD does not use the exact samplers (privacy/mechanisms.py says why): the report must not imply it
+            **({"dp_sgd": DPSGD_NOISE} if any(_is_training(e.name) for e in ledger.events) else {}),
         },
         "events": ledger.to_dict()["events"],
     }
@@ -59,6 +62,11 @@ def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, An
         if "paper_formula" in plan and private:
             report["paper_formula"] = plan["paper_formula"]
     return report
+
+
+def _is_training(release: str) -> bool:
+    """A DP-SGD release: the methods name it `<method>.training` (dpft, fedgen)."""
+    return release.split("[", 1)[0].endswith(".training")
 
 
 def write_privacy_report(path: Path, report: dict[str, Any]) -> None:

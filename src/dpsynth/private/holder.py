@@ -128,8 +128,11 @@ class ReleasingHolder:
         event = release.event(value) if value > 0 else None
         if release.name in self.store:  # released before a crash: never drawn or charged again
             saved = self.store.get(release.name)
-            if saved is None:  # an un-noised (epsilon = inf) release is not kept on disk: recomputing costs nothing
-                return noisy(release, value)
+            if self.store.events()[release.name] is None:  # un-noised (epsilon = inf): kept in this process only
+                return saved if saved is not None else noisy(release, value)  # recomputing it costs no privacy
+            if saved is None:
+                raise DpsynthError(f"release {release.name} is saved without its values; the run cannot resume "
+                                   "safely (drawing it again would be an uncharged release)")
             check_same_request(release.name, self.store.asked(release.name), asked)
             return saved
         if event is None:
@@ -271,7 +274,7 @@ class CentralHolder(ReleasingHolder):
             if request.rounds != 1 or request.parties is not None:
                 raise ValueError("federated (FedAvg) training needs a federated run")
             # secret: drawn from the release's noise stream (OS entropy unless privacy.noise_seed), never stored
-            seed = int(self.noise.stream(f"{r.name}/seed").integers(2**62))
+            seed = self.noise.secret_seed(f"{r.name}/seed")
             report = None if on_step is None else self._step_report(r, value, on_step)
             return train_on_records(request, list(self.__private.texts), list(self.__private.labels),
                                     noise_multiplier=value, seed=seed, work_dir=self.store.work_dir(r.name),

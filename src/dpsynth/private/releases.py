@@ -66,6 +66,8 @@ class ReleaseStore:
                 try:
                     event = None if data["event"] is None else _EVENT.validate_python(data["event"])
                     values = _load_values(data, path)
+                    if event is not None and values is None:  # its resume would draw fresh noise, uncharged
+                        raise ValueError("a noisy release without its values")
                     self._saved[data["name"]] = (event, values)
                     if data.get("asked") is not None:
                         self._asked[data["name"]] = data["asked"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth.config import GeneratorConfig, RunConfig, has_private_final_stage
+from dpsynth.config import GeneratorConfig, RunConfig
 from dpsynth.data.corpora import get_corpus
 from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import TaskSpec
@@ -74,13 +74,8 @@ def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyL
         from dpsynth.federated.holder import FederatedHolder
 
         return FederatedHolder(config.federated, plan.clip_delta, groups=method.party_groups(), **common)
-    return open_central_holder(config, task, min_records=method.min_private_records(), load=reads_private(plan),
+    return open_central_holder(config, task, min_records=method.min_private_records(), load=plan.reads_private_records,
                                embedder=embedder, given=given, device=resolve_device(config.device), **common)
-
-
-def reads_private(plan: PrivacyPlan) -> bool:
-    method, config = plan.method, plan.config
-    return method.uses_private_data or method.label_release() is not None or has_private_final_stage(config)
 
 
 def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
@@ -100,7 +95,7 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
         if foreign:  # the run writes none of them, so each such test example would only ever count as an error
             raise DpsynthError(f"data.test: labels {foreign} are not among the task's labels "
                                f"({', '.join(task.labels)}); give the test set of this task (or its label_column)")
-    if config.data.own and config.federated is None and reads_private(plan):
+    if config.data.own and config.federated is None and plan.reads_private_records:
         check_private(config, load_private(config, quiet=True, given=given), task,
                       min_records=plan.method.min_private_records())
 

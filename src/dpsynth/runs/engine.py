@@ -43,7 +43,6 @@ from dpsynth.runs.build import (
     label_shares,
     open_request_cache,
     prices,
-    reads_private,
 )
 from dpsynth.runs.config import dump_config, load_config
 from dpsynth.runs.planning import PrivacyPlan, plan_privacy
@@ -407,7 +406,8 @@ class Run:
         outputs.write_synthetic(self.dir, samples)
         description = self.plan.describe(live.knobs)
         report = outputs.write_privacy(self.dir, live.ledger, live.holder.noise.mode, description,
-                                       private_records_read=reads_private(self.plan), run_delta=cfg.privacy.delta)
+                                       private_records_read=self.plan.reads_private_records,
+                                       run_delta=cfg.privacy.delta)
         outputs.write_card(self.dir, cfg, ctx.task, report, samples)
         evaluation = None
         if cfg.evaluate and live.test is not None:

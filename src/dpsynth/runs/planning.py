@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpsynth.config import RunConfig, fewest_answering, noise_parties, records_per_unit
+from dpsynth.config import RunConfig, fewest_answering, has_private_final_stage, noise_parties, records_per_unit
 from dpsynth.federated.clipping import accounting_delta, clip_delta
 from dpsynth.methods.base import Method, PaperFormula
 from dpsynth.methods.registry import method_class
@@ -161,6 +161,13 @@ class PrivacyPlan:
             return ["files", list(fed.party_files or [])]
         return [fed.partition, fed.alpha if fed.partition == "dirichlet" else None, self.config.seed]
 
+    @property
+    def reads_private_records(self) -> bool:
+        """The data holder opens the private records at all (zero-shot and FuseGen without a private final stage
+        never do)."""
+        method = self.method
+        return method.uses_private_data or method.label_release() is not None or has_private_final_stage(self.config)
+
     def assumptions(self) -> Assumptions:
         own = self.method.assumptions()
         general = self._assumptions()
@@ -171,12 +178,34 @@ class PrivacyPlan:
             fields["unit"] = f"{general.unit}; {own['groups']}"
         return general.model_copy(update=fields)
 
+    def _preconditions(self) -> str:
+        """What the data holder checks on the private records without noise before the run starts: a finished run
+        discloses that these hold (one bit each), so the guarantee is between neighbouring data sets that both
+        pass them (private/dataset.py: check_private; federated/shards.py)."""
+        fed = self.config.federated
+        if not self.reads_private_records or (fed is not None and fed.partition == "nodes"):
+            return "none"
+        fewest, _ = self.method.min_private_records()
+        checks = ["every task label has a private record", f"at least {fewest} private records",
+                  f"delta < 1/M (M < {1 / self.config.privacy.delta:g} records)"]
+        if fed is not None:
+            checks.append(f"no party holds more than {fed.max_records_per_party} records")
+        notes = ("checked without noise before the run starts: " + "; ".join(checks) + ". A finished run discloses "
+                 "that they hold; the guarantee is between neighbouring data sets that both pass them")
+        if fed is not None and fed.partition in ("iid", "dirichlet"):
+            notes += (". This simulation splits one pooled set among the parties by a seeded draw over all of its "
+                      "records, so a record added or removed can move others between parties: what is stated per "
+                      "party or per group of parties holds for a federation whose parties hold fixed data, which "
+                      "the simulation stands in for")
+        return notes
+
     def _assumptions(self) -> Assumptions:
         p, fed = self.config.privacy, self.config.federated
         kind, records = self._unit()  # a person: the data holder bounds each to k records
         unit = kind if kind == "record" else f"{kind} (<= {records} records)"
+        checked = self._preconditions()
         if fed is None:
-            return Assumptions(adjacency=p.adjacency, unit=unit)
+            return Assumptions(adjacency=p.adjacency, unit=unit, checked_on_private_data=checked)
         if fed.aggregation == "secagg+":
             trust = (f"{fed.parties} parties, Flower SecAgg+: the server sees only the sum of >= {fed.threshold} "
                      f"parties' votes, each noised with sigma/sqrt({fed.threshold}); honest-but-curious server, "
@@ -185,10 +214,11 @@ class PrivacyPlan:
             convention = (f"run delta {p.delta:g} = {self.accounting_delta:g} (accountant) + (1 + e^eps) x "
                           f"{self.clip_delta:.4g} (probability that SecAgg+ clips a noisy vote; clipping is "
                           "per party, so it costs (1 + e^eps) times its probability)")
-            return Assumptions(adjacency=p.adjacency, unit=unit, trust_model=trust, delta_convention=convention)
+            return Assumptions(adjacency=p.adjacency, unit=unit, trust_model=trust, delta_convention=convention,
+                               checked_on_private_data=checked)
         trust = (f"{fed.parties} parties, no secure aggregation: the server sees every party's vector, so each "
                  "party adds the full sigma (disjoint data: the composition is the same as central)")
-        return Assumptions(adjacency=p.adjacency, unit=unit, trust_model=trust)
+        return Assumptions(adjacency=p.adjacency, unit=unit, trust_model=trust, checked_on_private_data=checked)
 
 
 def plan_privacy(config: RunConfig) -> PrivacyPlan:
