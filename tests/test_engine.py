@@ -21,7 +21,7 @@ from dpsynth.cli import _typer_app
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.registry import method_class, method_names
 from dpsynth.runs.config import parse_config
-from dpsynth.runs.engine import Run
+from dpsynth.runs.engine import Run, holds_a_run
 from dpsynth.runs.planning import plan_privacy
 
 PRIVATE = [(f"private review number {i} about a {'great' if i % 3 else 'poor'} film", "pos" if i % 3 else "neg")
@@ -150,6 +150,7 @@ def test_a_killed_run_counts_what_it_paid_from_the_request_cache(method: str, pa
         Run.create(parse_config(raw), tmp_path / "run").execute()
     FakeGenerator.fail_after = None
     (tmp_path / "run" / "checkpoints" / "usage_at_stop.json").unlink()  # what a SIGKILL leaves: it was never written
+    assert holds_a_run(tmp_path / "run")  # the bench, the audit, the demo and a Flower server app resume it too
     if paid_before_kill == 3:
         assert not (tmp_path / "run" / "checkpoints" / "state.json").exists()
         with pytest.raises(DpsynthError, match="already holds a run"):
@@ -160,6 +161,23 @@ def test_a_killed_run_counts_what_it_paid_from_the_request_cache(method: str, pa
     usage = json.loads((tmp_path / "run" / "metrics.json").read_text())["usage"].values()
     assert sum(u["requests"] - u["cached"] for u in usage) == len(asked)
     assert sum(u["completion_tokens"] for u in usage) == 9 * len(asked)  # the fake answers with 9 tokens
+
+
+def test_a_plan_saved_without_a_run_id_gains_one_on_resume(tmp_path: Path) -> None:
+    """A run begun by a dpsynth that did not name its runs gets an id when resumed, so that what it pays for from
+    then on is counted after a kill too."""
+    raw = _config(tmp_path, "augpe", label_proportions=None)
+    FakeGenerator.fail_after = 15
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(parse_config(raw), tmp_path / "run").execute()
+    FakeGenerator.fail_after = None
+    plan = tmp_path / "run" / "checkpoints" / "plan.json"
+    saved = json.loads(plan.read_text())
+    plan.write_text(json.dumps({k: v for k, v in saved.items() if k != "run_id"}))
+    Run.resume(tmp_path / "run").execute()
+    again = json.loads(plan.read_text())
+    assert isinstance(again["run_id"], str) and again["run_id"] != saved["run_id"]
+    assert {k: v for k, v in again.items() if k != "run_id"} == {k: v for k, v in saved.items() if k != "run_id"}
 
 
 def test_resume_refuses_a_changed_unit_of_privacy_even_where_no_sensitivity_shows_it(tmp_path: Path) -> None:

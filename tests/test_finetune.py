@@ -208,7 +208,7 @@ def test_dp_sgd_noise_is_the_float64_sum_of_four_draws_from_the_steps_stream() -
     sum and only then rounded; a step without its stream is refused rather than drawn from elsewhere."""
     from opacus import GradSampleModule
 
-    from dpsynth.finetune.dp_adam import Float64NoiseOptimizer
+    from dpsynth.finetune.dp_adam import Float64NoiseOptimizer, step_stream
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(3, 2)
@@ -222,7 +222,7 @@ def test_dp_sgd_noise_is_the_float64_sum_of_four_draws_from_the_steps_stream() -
     gsm(torch.randn(4, 3)).sum().backward()
 
     def stream() -> np.random.Generator:
-        return np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence([2**200 + 11, 0, 1])))
+        return step_stream(2**200 + 11, 0, 1)
 
     optimizer.noise = stream()
     optimizer.step()

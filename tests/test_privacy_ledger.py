@@ -184,5 +184,6 @@ def test_the_report_states_what_was_checked_on_the_private_data_without_noise() 
     assert "every task label has a private record" in central and "at least 8 private records" in central
     assert "M < 100000" in central and "both pass them" in central and "simulation" not in central
     assert plan_for_method("zero-shot", epsilon=4).assumptions().checked_on_private_data == "none"
+    assert "every private label is one of task.labels" in central
     simulated = plan_for_method("wasp", epsilon=4, parties=3).assumptions().checked_on_private_data
     assert "no party holds more than" in simulated and "move others between parties" in simulated

@@ -76,9 +76,9 @@ def test_reopen_serves_hits_and_counts_writes(tmp_path: Path) -> None:
     again.close()
 
 
-def test_answers_are_stored_under_their_payer_and_an_older_cache_gains_the_column(tmp_path: Path) -> None:
+def test_answers_are_stored_under_their_payer_and_older_versions_still_share_the_file(tmp_path: Path) -> None:
     """`paid` counts a payer's answers and tokens (a killed run's spend is recovered from it); a cache file written
-    before payers were stored keeps its rows and serves them."""
+    before payers were stored keeps its rows and serves them, and an older dpsynth can still write it."""
     path = tmp_path / "cache.sqlite"
     old = sqlite3.connect(path)
     old.execute("CREATE TABLE generations (key TEXT PRIMARY KEY, model TEXT, prompt TEXT, text TEXT, "
@@ -94,9 +94,14 @@ def test_answers_are_stored_under_their_payer_and_an_older_cache_gains_the_colum
     cache.put("c", "m", "p", GenerationResult("z", 1, 1))
     assert cache.paid("run1/gen") == (2, 6, 9)
     assert cache.paid("run2/gen") == (0, 0, 0)
-    assert cache.paid_by_run("run1") == 2 and cache.paid_by_run("run") == 0
+    assert cache.paid_by_run("run1") == 2 and cache.paid_by_run("run") == 0 and cache.paid_by_run("run10") == 0
     cache.close()
-    RequestCache(path).close()  # a second open finds the column there
+    RequestCache(path).close()  # a second open finds the table there
+    # a dpsynth that predates the payers still writes the file it shares (its positional insert of 8 columns)
+    old = sqlite3.connect(path)
+    old.execute("INSERT INTO generations VALUES ('older', 'm', 'p', 'text', 1, 1, 0, 1)")
+    old.commit()
+    old.close()
 
 
 def test_a_generator_adds_the_answers_its_payer_paid_beyond_its_count(tmp_path: Path) -> None:

@@ -59,16 +59,15 @@ class _NodeShard:
 def _server_app():
     from flwr.server import ServerApp
 
-    from dpsynth.fs import RunDir
     from dpsynth.runs.config import load_config
-    from dpsynth.runs.engine import Run
+    from dpsynth.runs.engine import Run, holds_a_run
 
     app = ServerApp()
 
     @app.main()
     def main(grid, context) -> None:
         out = Path(str(context.run_config["out"]))
-        runner = (Run.resume(out) if RunDir(out).is_started()
+        runner = (Run.resume(out) if holds_a_run(out)
                   else Run.create(load_config(Path(str(context.run_config["config"]))), out))
         runner.serve(grid, context)
 

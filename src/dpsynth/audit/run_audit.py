@@ -39,7 +39,7 @@ from dpsynth.privacy.accountant import Adjacency
 from dpsynth.private.dataset import load_private, read_private_file
 from dpsynth.runs.build import check_before_start
 from dpsynth.runs.config import dump_config, parse_config
-from dpsynth.runs.engine import Run
+from dpsynth.runs.engine import Run, holds_a_run
 from dpsynth.runs.planning import plan_privacy
 
 DEFAULT_CANARIES = 64
@@ -130,7 +130,7 @@ def run_audit(config: RunConfig, out: Path, *, canaries: int = DEFAULT_CANARIES,
             started = time.perf_counter()
             frame = pd.DataFrame(rows, columns=["text", "label", *(["person"] if config.data.person_column else [])])
             try:
-                runner = (Run.resume(run_dir.root, progress=progress, private=frame) if run_dir.is_started()
+                runner = (Run.resume(run_dir.root, progress=progress, private=frame) if holds_a_run(run_dir.root)
                           else Run.create(_audited_config(config), run_dir.root, progress=progress, private=frame))
                 runner.execute()
             finally:

@@ -248,7 +248,7 @@ def _cell_rows(bench: BenchConfig, cell: dict, config, test, out: Path, run_miss
     missing. With `run_missing_here` false an unfinished cell has no rows, and a finished one is still evaluated
     if it has not been (but not fine-tuned)."""
     from dpsynth.evaluate.run_eval import add_finetuned, evaluate_run
-    from dpsynth.runs.engine import Run
+    from dpsynth.runs.engine import Run, holds_a_run
 
     cell_dir = RunDir(out / "cells" / cell["name"])
     if not cell_dir.is_finished() and not run_missing_here:
@@ -257,7 +257,7 @@ def _cell_rows(bench: BenchConfig, cell: dict, config, test, out: Path, run_miss
         _refuse_drift(cell, config, cell_dir)
     if not cell_dir.is_finished():
         log(f"running {cell['name']}")
-        runner = (Run.resume(cell_dir.root, progress=progress) if cell_dir.is_started()
+        runner = (Run.resume(cell_dir.root, progress=progress) if holds_a_run(cell_dir.root)
                   else Run.create(config, cell_dir.root, progress=progress))
         runner.execute()
     if not _evaluated_as(cell_dir, cell["sample_weights"]):

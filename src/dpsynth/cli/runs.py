@@ -23,7 +23,6 @@ from rich.table import Table
 
 from dpsynth.config import RunConfig
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir
 from dpsynth.runs.config import load_config, parse_config
 
 console = Console(stderr=False)
@@ -81,7 +80,9 @@ def demo(
     if n is not None:
         raw[raw.get("method", "wasp")]["n"] = n
     config = parse_config(raw, "demo config")
-    if RunDir(out).is_started():
+    from dpsynth.runs.engine import holds_a_run
+
+    if holds_a_run(out):
         console.print(f"[yellow]{out} holds an earlier demo run: resuming it[/yellow]")
         _execute(None, out)
     else:

@@ -87,8 +87,13 @@ class TrainSettings(BaseModel):
 
 def poisson_batch(n: int, sampling_rate: float, seed: int, step: int) -> np.ndarray:
     """Indices of the examples in step `step`'s batch: each joins independently with probability `sampling_rate`."""
-    rng = np.random.default_rng([seed, step, _SAMPLING])
-    return np.flatnonzero(rng.random(n) < sampling_rate)
+    return np.flatnonzero(step_stream(seed, step, _SAMPLING).random(n) < sampling_rate)
+
+
+def step_stream(seed: int, step: int, stream: int) -> np.random.Generator:
+    """One step's secret stream (its batch, its noise): PCG64DXSM under a SeedSequence whose pool keeps all 256
+    bits of the training's seed (numpy's default pool keeps 128)."""
+    return np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence([seed, step, stream], pool_size=8)))
 
 
 def train_adapter(
@@ -110,8 +115,8 @@ def train_adapter(
     after that step's checkpoint, if it is a checkpoint step, is written). `groups`: each example's unit of
     privacy as 0..U-1 (a person with several examples); None: every example is its own unit. The model is
     returned to its own train/eval mode and free of Opacus hooks, even when a step fails. `device` ('cpu' or
-    'cuda'): where the model, the examples, the per-example gradients and the noise generator live; the model is
-    moved there and stays. The batches and the noise are drawn on the CPU (numpy streams under the secret seed),
+    'cuda'): where the model, the examples and the per-example gradients live; the model is moved there and
+    stays. The batches and the noise are drawn on the CPU (numpy streams under the secret seed),
     so a seeded run draws the same on every device; LoRA dropout uses the device's own generator.
     """
     if len(prompts) != len(texts):
@@ -146,8 +151,7 @@ def train_adapter(
             sampled = poisson_batch(int(units.max()) + 1 if len(units) else 0, settings.sampling_rate,
                                     settings.seed, step)
             batch = np.flatnonzero(np.isin(units, sampled))
-            optimizer.noise = np.random.Generator(np.random.PCG64DXSM(
-                np.random.SeedSequence([settings.seed, step, _NOISE])))
+            optimizer.noise = step_stream(settings.seed, step, _NOISE)
             with torch.random.fork_rng(devices=_cuda_index(device)):  # the secret seed leaves no RNG seeded
                 torch.manual_seed(_stream_seed(settings.seed, step, _DROPOUT))
                 grad_norm = _dp_step(gsm, optimizer, params, encoded, batch, units[batch])
@@ -167,8 +171,8 @@ class Float64NoiseOptimizer(DPOptimizer):
     seed) rather than torch's float32 generator: each coordinate gets the sum of 4 standard normal draws times
     sigma / 2 (N(0, sigma^2), the same distribution and accounting; Holohan and Braghin 2021, sec. 5.1), added
     to the clipped sum in float64 and rounded to the parameter's dtype afterwards. Opacus' own `secure_mode`
-    draws its 4 in the parameters' float32, where the attack's cost is far lower, from torch's generator under a
-    64-bit seed. Why not OpenDP's exact sampler: privacy/mechanisms.py (DP-SGD's noise)."""
+    draws its 4 in the parameters' float32, where the attack's cost is far lower, from torch's generator (a
+    64-bit seed at most). Why not OpenDP's exact sampler: privacy/mechanisms.py (DP-SGD's noise)."""
 
     noise: np.random.Generator | None = None
 
@@ -178,10 +182,13 @@ class Float64NoiseOptimizer(DPOptimizer):
         sigma = self.noise_multiplier * self.max_grad_norm
         for p in self.params:
             _check_processed_flag(p.summed_grad)
-            clean = p.summed_grad.detach().to(torch.float64)
-            draws = self.noise.standard_normal((4, *clean.shape))
-            noise = torch.from_numpy(draws.sum(axis=0) * (sigma / 2.0)).to(clean.device)
-            p.grad = (clean + noise).to(p.summed_grad.dtype).view_as(p)
+            if sigma == 0:  # training without privacy (references, tests): nothing to draw
+                p.grad = p.summed_grad.view_as(p)
+            else:
+                clean = p.summed_grad.detach().to(torch.float64)
+                draws = self.noise.standard_normal((4, *clean.shape))
+                noise = torch.from_numpy(draws.sum(axis=0) * (sigma / 2.0)).to(clean.device)
+                p.grad = (clean + noise).to(p.summed_grad.dtype).view_as(p)
             _mark_as_processed(p.summed_grad)
 
 

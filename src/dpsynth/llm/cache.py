@@ -13,6 +13,8 @@ grids sharing cells) pay for it once: a process claims the requests it is about
 to send, and another that needs them waits for their results instead of sending
 them again. A claim is void once its process has died (same machine) or has not
 renewed it for `STALE_AFTER` seconds, so a crash never blocks anyone.
+A run's answers are also written to the `payments` table under the run's id and the generator, so that what a
+killed run paid for counts in its spend caps when it resumes (`CachedGenerator.count_unrecorded_payments`).
 Prompts only ever contain the task description and synthetic text, so the
 cache holds nothing private. Like the `llm` tool's log, it is also a record of
 every prompt and response for inspection.
@@ -93,11 +95,14 @@ class RequestCache:
         self._retry(
             lambda: self._db.execute(
                 "CREATE TABLE IF NOT EXISTS generations (key TEXT PRIMARY KEY, model TEXT, prompt TEXT, text TEXT, "
-                "prompt_tokens INTEGER, completion_tokens INTEGER, created REAL, writes INTEGER DEFAULT 1, "
-                "paid_by TEXT)"
+                "prompt_tokens INTEGER, completion_tokens INTEGER, created REAL, writes INTEGER DEFAULT 1)"
             )
         )
-        self._retry(self._add_payer_column)
+        # who paid for each answer, in a table of its own: a dpsynth that predates it, sharing the file, writes
+        # `generations` as before and ignores this one
+        for statement in ("CREATE TABLE IF NOT EXISTS payments (key TEXT PRIMARY KEY, payer TEXT)",
+                          "CREATE INDEX IF NOT EXISTS payments_by_payer ON payments (payer)"):
+            self._retry(lambda q=statement: self._db.execute(q))  # type: ignore[misc]
         self._retry(
             lambda: self._db.execute(
                 "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, owner TEXT, host TEXT, pid INTEGER, "
@@ -109,16 +114,6 @@ class RequestCache:
     @property
     def path(self) -> Path:
         return self._path
-
-    def _add_payer_column(self) -> None:
-        """A cache written before rows named their payer gains the column (its old rows have none)."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(generations)")}
-        if "paid_by" not in columns:
-            try:
-                self._db.execute("ALTER TABLE generations ADD COLUMN paid_by TEXT")
-            except sqlite3.OperationalError as err:  # another process added it first
-                if "duplicate column" not in str(err).lower():
-                    raise
 
     def _set_wal(self) -> None:
         # WAL is a property of the file: only the first process to open it switches (an exclusive lock).
@@ -164,7 +159,7 @@ class RequestCache:
         """Store (key, model, prompt, result) rows in one transaction: answers that arrive together share a
         commit, which is most of a write's cost. `payer` names who paid for them (a run's generator: `paid`)."""
         now = time.time()
-        values = [(key, model, prompt, r.text, r.prompt_tokens, r.completion_tokens, now, payer)
+        values = [(key, model, prompt, r.text, r.prompt_tokens, r.completion_tokens, now)
                   for key, model, prompt, r in rows]
 
         def write() -> None:
@@ -172,11 +167,13 @@ class RequestCache:
                 # a request answered twice (two processes past a stale claim) keeps its first answer: a run may
                 # already have used it, and its resume must find the same text again
                 db.executemany(
-                    "INSERT INTO generations (key, model, prompt, text, prompt_tokens, completion_tokens, created, "
-                    "writes, paid_by) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?) ON CONFLICT(key) DO UPDATE SET "
+                    "INSERT INTO generations VALUES (?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT(key) DO UPDATE SET "
                     "writes=writes+1",
                     values,
                 )
+                if payer is not None:  # the first payer stays, as the first answer does
+                    db.executemany("INSERT OR IGNORE INTO payments VALUES (?, ?)",
+                                   [(key, payer) for key, *_ in rows])
 
         # A transaction that fails is rolled back whole (the rows are all written or none), so one refused as
         # "locked" at any statement, COMMIT included, is retried exactly.
@@ -196,20 +193,21 @@ class RequestCache:
 
     def paid(self, payer: str) -> tuple[int, int, int]:
         """(answers, prompt tokens, completion tokens) stored as paid for by `payer`. Each answer is written as it
-        arrives, so this survives what a run's own count does not (a SIGKILL between checkpoints); it undercounts
-        only answers lost with the process before their write, and a request two payers answered (the first
-        answer's payer keeps it)."""
+        arrives, so this survives what a run's own count does not (a SIGKILL between checkpoints); it misses
+        only answers lost with the process before their write, and a request two payers answered counts for the
+        first payer to store it (with the tokens of the answer the cache kept)."""
         with self._lock:
             count, prompt, completion = self._retry(lambda: self._db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) "
-                "FROM generations WHERE paid_by=?", (payer,)).fetchone())
+                "SELECT COUNT(*), COALESCE(SUM(g.prompt_tokens), 0), COALESCE(SUM(g.completion_tokens), 0) "
+                "FROM payments p JOIN generations g ON g.key = p.key WHERE p.payer = ?", (payer,)).fetchone())
         return int(count), int(prompt), int(completion)
 
     def paid_by_run(self, run_id: str) -> int:
         """Answers stored as paid for by any generator of the run `run_id` (payers `<run_id>/<generator>`)."""
-        with self._lock:
+        with self._lock:  # the payers between '<id>/' and '<id>0' ('0' follows '/'): a range the index serves
             (count,) = self._retry(lambda: self._db.execute(
-                "SELECT COUNT(*) FROM generations WHERE paid_by LIKE ?", (f"{run_id}/%",)).fetchone())
+                "SELECT COUNT(*) FROM payments WHERE payer >= ? AND payer < ?", (f"{run_id}/", f"{run_id}0")
+            ).fetchone())
         return int(count)
 
     def claim(self, keys: Sequence[str]) -> tuple[set[str], dict[str, int]]:

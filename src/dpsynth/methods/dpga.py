@@ -155,7 +155,10 @@ class DPGA(Method[DPGAOptions, DPGAState]):
         o = self.options
         votes = ("every record votes in every generation" if o.sampling_rate >= 1 else
                  f"Poisson sampling of the records at rate {o.sampling_rate:g}, drawn afresh each generation")
-        return {"sampler": f"votes: {votes}; label, length and keyword histograms: every record"}
+        released = [name for name, used in (("label", self.label_release() is not None), ("length", o.use_lengths),
+                                            ("keyword", o.use_keywords)) if used]
+        histograms = f"; {', '.join(released)} histogram(s): every record" if released else ""
+        return {"sampler": f"votes: {votes}{histograms}"}
 
     def label_schedule(self) -> Schedule:
         return Schedule((), ())  # the label histogram is one of this method's own Laplace releases

@@ -46,8 +46,10 @@ class Assumptions(BaseModel):
     sampler: str = Field("none (every private record votes in every release)")
     trust_model: str = Field("single trusted data party adds all noise")
     delta_convention: str = Field("delta chosen by the user for the whole run (not per iteration)")
-    checked_on_private_data: str = Field("none", description="what the data holder checks on the private records "
-                                         "without noise before starting (a finished run discloses that it holds)")
+    checked_on_private_data: str = Field(
+        "not recorded (a run begun before dpsynth stated it)",
+        description="what the data holder checks on the private records without noise before starting (a finished "
+                    "run discloses that it holds)")
 
 
 class PrivacyLedger:

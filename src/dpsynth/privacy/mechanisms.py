@@ -9,14 +9,18 @@ not every float is a possible output, and which ones are depends on the clean va
 release can betray it (Mironov, CCS 2012; Jin et al., S&P 2022). OpenDP's privacy map of the same
 measurement is the continuous mechanism's (rho = Delta^2 / (2 sigma^2) for the Gaussian), so the ledger's
 accounting stands unchanged (`tests/test_privacy_ledger.py` checks the map). Its other secret randomness
-(Poisson subsampling masks, DP-SGD seeds) comes from streams seeded with 256 bits of OS entropy (`secrets`),
-whose seeds are never stored; the sparse vector's threshold and query noise uses the exact Laplace sampler too.
+(Poisson subsampling masks, DP-SGD seeds) comes from numpy PCG64DXSM streams seeded with 256 bits of OS entropy
+(`secrets`, through a 256-bit SeedSequence pool), whose seeds are never stored. PCG64DXSM is a statistical
+generator, not a cryptographic one: an attacker who saw enough of a stream's raw output could in principle
+recover its state, but what leaves the holder is noisy releases and models trained with the masks, never the raw
+draws. The sparse vector's threshold and query noise uses the exact Laplace sampler too.
 
 DP-SGD's noise is the one exception to the exact samplers: a LoRA adapter has 10^5-10^6 coordinates a step, and
 OpenDP's exact Gaussian draws about 20,000 a second on one core (measured: 100,000 in 4.8 s), so a step's
 noise would outlast its training. It is drawn in float64, each coordinate the sum of 4 standard normal draws
 scaled by sigma / 2 (the same distribution; Holohan and Braghin 2021, sec. 5.1, Opacus's `secure_mode`), from a
-PCG64DXSM stream under the training's 256-bit secret seed, added to the float64 clipped sum, and only then
+PCG64DXSM stream (256-bit SeedSequence pool) under the training's 256-bit secret seed, added to the float64
+clipped sum, and only then
 rounded to the parameters' float32 (finetune/dp_adam.py). That raises the cost of a floating-point attack
 without removing it; `DPSGD_NOISE` says so in every privacy report of a run that trains.
 
@@ -72,11 +76,13 @@ class NoiseSource:
     def secret_seed(self, name: str) -> int:
         """A 256-bit seed for the randomness a release derives itself (DP-SGD's batches and noise): from OS entropy,
         or from the seeded stream; never stored."""
+        if self._seed is None:
+            return secrets.randbits(256)
         return int.from_bytes(self.stream(name).bytes(32), "big")
 
     def stream(self, name: str) -> np.random.Generator:
-        if self._seed is None:
-            return np.random.Generator(np.random.PCG64DXSM(secrets.randbits(256)))
+        if self._seed is None:  # pool_size 8: all 256 bits reach the state (numpy's default pool keeps 128)
+            return np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence(secrets.randbits(256), pool_size=8)))
         digest = hashlib.sha256(f"{self._seed}:{name}".encode()).digest()
         return np.random.Generator(np.random.PCG64DXSM(int.from_bytes(digest, "big")))
 

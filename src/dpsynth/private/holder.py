@@ -128,11 +128,8 @@ class ReleasingHolder:
         event = release.event(value) if value > 0 else None
         if release.name in self.store:  # released before a crash: never drawn or charged again
             saved = self.store.get(release.name)
-            if self.store.events()[release.name] is None:  # un-noised (epsilon = inf): kept in this process only
-                return saved if saved is not None else noisy(release, value)  # recomputing it costs no privacy
-            if saved is None:
-                raise DpsynthError(f"release {release.name} is saved without its values; the run cannot resume "
-                                   "safely (drawing it again would be an uncharged release)")
+            if saved is None:  # un-noised (epsilon = inf): not kept on disk, recomputing it costs nothing (a noisy
+                return noisy(release, value)  # release saved without its values is refused when the store loads)
             check_same_request(release.name, self.store.asked(release.name), asked)
             return saved
         if event is None:

@@ -97,7 +97,7 @@ class Run:
         check_embedder_available(config.embedder)
         check_before_start(plan_privacy(config), kw.get("private"))
         run = cls(config, d.root, **kw)  # takes the directory's lock before looking at what it holds
-        if d.is_started() or _paid_before_it_was_killed(d):
+        if holds_a_run(d.root):
             run.close()
             raise DpsynthError(f"{d.root} already holds a run; resume it with `dpsynth run --resume {d.root}`")
         if d.plan.exists():  # the plan of a run that stopped before spending anything: this one starts afresh
@@ -229,11 +229,11 @@ class Run:
         timings["load_models"] -= private_seconds
         return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg))
 
-    def _knobs(self) -> tuple[dict[str, float], str | None]:
+    def _knobs(self) -> tuple[dict[str, float], str]:
         """The calibrated knobs: computed and saved with the plan's fingerprint before the first release,
         or read back on resume after checking that nothing the schedule depends on was edited. Also the run's
-        id, saved with them: the request cache names the payer of each answer by it (None for a plan saved by
-        an older dpsynth)."""
+        id, saved with them: the request cache names the payer of each answer by it (a plan saved by an older
+        dpsynth gains one)."""
         path = self.dir.plan
         if path.exists():
             try:
@@ -246,6 +246,9 @@ class Run:
                 raise DpsynthError(f"{self.dir.config}: {changed} changed since the run started; the privacy "
                                    "schedule depends on it, so the run cannot resume with it (restore it or start "
                                    "a new run)")
+            if not isinstance(run_id, str):  # a plan saved by an older dpsynth: its answers from now on are named
+                run_id = uuid.uuid4().hex
+                atomic_write_text(path, json.dumps({**saved, "run_id": run_id}))
             return knobs, run_id
         if self.dir.state.exists():
             raise DpsynthError(f"{self.dir.root}: checkpoint written by an older dpsynth (before format "
@@ -447,10 +450,17 @@ def _changed_fields(before: dict, now: dict) -> str:
     return ", ".join(diff)
 
 
+def holds_a_run(run_dir: Path) -> bool:
+    """The directory holds a run to resume, not to start afresh: one that spent something (`RunDir.is_started`),
+    or one killed in its first step, before any checkpoint or stop file, after paying for answers. Starting
+    afresh there would drop what it paid from the spend caps (`CachedGenerator.count_unrecorded_payments`).
+    Every caller that chooses between `Run.create` and `Run.resume` asks this."""
+    d = RunDir(run_dir)
+    return d.is_started() or _paid_before_it_was_killed(d)
+
+
 def _paid_before_it_was_killed(d: RunDir) -> bool:
-    """The directory's plan names a run that the request cache holds paid answers of: a run killed in its first
-    step, before any checkpoint or stop file. Starting afresh there would drop what it paid from the spend caps,
-    so it is resumed instead (`CachedGenerator.count_unrecorded_payments`)."""
+    """The directory's plan names a run that the request cache holds paid answers of."""
     try:
         run_id = json.loads(d.plan.read_text()).get("run_id")
     except (OSError, ValueError, AttributeError):

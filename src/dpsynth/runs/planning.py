@@ -183,11 +183,14 @@ class PrivacyPlan:
         discloses that these hold (one bit each), so the guarantee is between neighbouring data sets that both
         pass them (private/dataset.py: check_private; federated/shards.py)."""
         fed = self.config.federated
-        if not self.reads_private_records or (fed is not None and fed.partition == "nodes"):
+        if not self.reads_private_records:
             return "none"
+        if fed is not None and fed.partition == "nodes":
+            return (f"each party checks without noise that it holds at most {fed.max_records_per_party} records "
+                    "and refuses to take part otherwise; a finished run discloses that every party passed")
         fewest, _ = self.method.min_private_records()
-        checks = ["every task label has a private record", f"at least {fewest} private records",
-                  f"delta < 1/M (M < {1 / self.config.privacy.delta:g} records)"]
+        checks = ["every private label is one of task.labels", "every task label has a private record",
+                  f"at least {fewest} private records", f"delta < 1/M (M < {1 / self.config.privacy.delta:g} records)"]
         if fed is not None:
             checks.append(f"no party holds more than {fed.max_records_per_party} records")
         notes = ("checked without noise before the run starts: " + "; ".join(checks) + ". A finished run discloses "
