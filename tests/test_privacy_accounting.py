@@ -290,3 +290,26 @@ def test_every_event_kind_follows_its_stated_sensitivity_convention() -> None:
         assert epsilon_tight([event], 1e-5, Adjacency.REPLACE) == pytest.approx(add_remove, rel=1e-6), event.kind
     for event in relation_applied:
         assert epsilon_tight([event], 1e-5, Adjacency.REPLACE) > 1.2 * epsilon_tight([event], 1e-5, Adjacency.ADD_REMOVE)
+
+
+def test_an_event_the_accountants_do_not_know_is_an_error_not_a_free_release() -> None:
+    """A new kind of release added without teaching the accountants must fail loudly: counted as nothing (the
+    PLD's old `continue`) or as pure DP (the RDP fallback), the report's epsilon would be too small."""
+    from dpsynth.privacy.events import _Event
+
+    class NewMechanism(_Event):
+        pass
+
+    events = [GaussianEvent(name="votes", sigma=5.0, sensitivity=1.0), NewMechanism(name="new")]
+    with pytest.raises(TypeError, match="does not know NewMechanism"):
+        epsilon_tight(events, 1e-5)
+    with pytest.raises(TypeError, match="does not know NewMechanism"):
+        epsilon_rdp(events, 1e-5)
+
+
+def test_a_nan_budget_is_refused() -> None:
+    from dpsynth.errors import DpsynthError
+    from dpsynth.privacy.ledger import PrivacyLedger
+
+    with pytest.raises(DpsynthError, match="epsilon must be > 0"):
+        PrivacyLedger(float("nan"), 1e-5)

@@ -63,7 +63,7 @@ class PrivacyLedger:
         events: Sequence[PrivacyEvent] = (),
         non_private_releases: Sequence[str] = (),
     ) -> None:
-        if epsilon_budget <= 0:
+        if not epsilon_budget > 0:  # also NaN, which every later comparison would let through
             raise DpsynthError(f"epsilon must be > 0 (got {epsilon_budget}); use a positive budget such as 4")
         if not 0 < delta < 1:
             raise DpsynthError(f"delta must be in (0, 1) (got {delta}); a common choice is 1/(10*M) or 1e-5")
