@@ -83,6 +83,8 @@ def test_every_method_runs_and_pays_what_budget_plans(method: str, labels: str |
     assert "epsilon spent" in CliRunner().invoke(_typer_app, ["budget", "--config", str(tmp_path / "run.yaml")]).output \
         or method in ("zero-shot", "fusegen")
     assert (tmp_path / "run" / "synthetic.jsonl").read_text().count("\n") >= 6
+    card = (tmp_path / "run" / "README.md").read_text()  # the un-noised checks are stated where data was read
+    assert ("checked without noise before the run starts" in card) == privacy["private_records_read"]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     private_time = {"voting", "training", "data_holder"}  # runs/outputs.py: PRIVATE_TIMINGS
     assert not private_time & set(metrics["timings"]), "private-side time (it grows with M) stays out of metrics.json"

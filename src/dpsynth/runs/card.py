@@ -76,6 +76,8 @@ def privacy_facts(config: RunConfig, privacy: dict[str, Any]) -> dict[str, Any]:
         "releases": [f"{e['name']} ({e['kind']})" for e in events],
         "reads_private_data": bool(events) or not privacy.get("differentially_private"),
         "noise": privacy.get("noise", {}).get("mode"),
+        "dp_sgd_noise": privacy.get("noise", {}).get("dp_sgd"),
+        "checked_on_private_data": assumptions.get("checked_on_private_data"),
     }
 
 
@@ -98,6 +100,11 @@ def privacy_statement(facts: dict[str, Any]) -> str:
             f"{len(facts['releases'])} noisy release(s) ({', '.join(facts['releases'])}), accounted with "
             f"{facts['accountant']}; everything else, these texts included, is post-processing of those "
             f"releases. Noise: {facts['noise']}.")
+    if facts["dp_sgd_noise"]:
+        text += f" DP-SGD's noise: {facts['dp_sgd_noise']}."
+    checked = facts["checked_on_private_data"]
+    if checked and checked != "none" and not checked.startswith("not recorded"):
+        text += f" The private data was {checked[0].lower()}{checked[1:]}."
     if facts["noise"] and "NOT FOR RELEASE" in facts["noise"]:
         text += " **The noise was seeded for an experiment: the guarantee does not hold for this data.**"
     return text
