@@ -9,7 +9,7 @@ import pytest
 from helpers import sigma_for
 
 from dpsynth.data.records import TaskSpec
-from dpsynth.methods.augpe import select_parents, vote_weights
+from dpsynth.methods.augpe import apply_threshold, select_parents, vote_weights
 from dpsynth.methods.generation import SyntheticSample
 from dpsynth.prompts.builder import build_variation_request
 from dpsynth.runs.config import parse_config
@@ -32,11 +32,28 @@ def _population() -> list[SyntheticSample]:
     return [SyntheticSample(i, f"text {i}", "pos" if i < 4 else "neg", "p", 0) for i in range(8)]
 
 
-def test_rank_selection_takes_top_and_cycles() -> None:
+def test_rank_selection_takes_the_top_third_and_cycles() -> None:
     noisy = np.array([0.1, 5.0, -2.0, 3.0, 1.0, 0.0, 0.0, 9.0])
     parents = select_parents(noisy, _population(), {"pos": 3, "neg": 1}, "rank", np.random.default_rng(0))
-    assert [p.id for p in parents["pos"]] == [1, 3, 0]
+    assert [p.id for p in parents["pos"]] == [1, 3, 1]  # ceil(4 / 3) = 2 parents kept
     assert [p.id for p in parents["neg"]] == [7]
+
+
+def test_rank_selection_follows_the_votes_when_the_population_is_as_large_as_the_count() -> None:
+    """A real run asks for as many parents as the population holds: keeping the whole population, cycled, made
+    every sample a parent once whatever the votes (the releases paid for nothing)."""
+    population = [SyntheticSample(i, f"text {i}", "pos", "p", 0) for i in range(150)]
+    noisy = np.zeros(150)
+    noisy[[3, 40, 77, 101, 149]] = 20.0
+    parents = select_parents(noisy, population, {"pos": 150}, "rank", np.random.default_rng(0), fold=3)
+    chosen = [p.id for p in parents["pos"]]
+    assert len(set(chosen)) == 50 and {3, 40, 77, 101, 149} <= set(chosen)
+    assert all(chosen.count(i) == 3 for i in (3, 40, 77, 101, 149))
+
+
+def test_the_threshold_is_subtracted_not_a_cut() -> None:
+    assert apply_threshold(np.array([2.1, 5.0, 10.0, 1.0, -3.0]), 2.0).tolist() == pytest.approx(
+        [0.1, 3.0, 8.0, 0.0, 0.0])
 
 
 def test_sampling_selection_follows_noisy_votes_and_never_picks_zero() -> None:

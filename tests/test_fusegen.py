@@ -88,10 +88,11 @@ def test_variability_is_the_spread_of_the_plms_stms_on_a_samples_label() -> None
 
 
 def test_each_plm_keeps_a_validation_sample_once_it_has_two() -> None:
-    plm_of = np.array([0] * 12 + [1] * 2 + [2])
-    trains, valids = split_per_plm(plm_of, 3, 0.1, np.random.default_rng(0))
-    assert [len(v) for v in valids] == [1, 1, 0] and [len(t) for t in trains] == [11, 1, 1]
-    assert sorted(np.concatenate(trains + valids).tolist()) == list(range(15))
+    """The authors' split keeps int(0.9 n) for training (main_accumulate_fuse.py): 10 of 12, so 2 validate."""
+    plm_of = np.array([0] * 12 + [1] * 2 + [2] + [3] * 10)
+    trains, valids = split_per_plm(plm_of, 4, 0.1, np.random.default_rng(0))
+    assert [len(v) for v in valids] == [2, 1, 0, 1] and [len(t) for t in trains] == [10, 1, 1, 9]
+    assert sorted(np.concatenate(trains + valids).tolist()) == list(range(25))
 
 
 @pytest.mark.parametrize("change,message", [

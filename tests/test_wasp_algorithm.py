@@ -59,6 +59,22 @@ def test_plm_weights_clip_negative_floor_and_normalise() -> None:
     assert even["a"] == pytest.approx(0.5)
 
 
+def test_plm_weights_follow_the_votes_through_noise_at_scale() -> None:
+    """Each model's summed noisy votes are clipped, not each vote: with a pool of 1,200 samples from 6 models,
+    noise sigma 3.5 and 200 votes of which model "m0" draws 60%, its weight stays near its share (clipping each
+    vote at 0 first gave about 0.19, almost the uniform 1/6)."""
+    rng = np.random.default_rng(0)
+    plms = [f"m{k}" for k in range(6)]
+    samples = [SyntheticSample(i, f"t{i}", "positive", plms[i % 6], 1) for i in range(1_200)]
+    clean = np.zeros(1_200)
+    for i in rng.choice(np.arange(0, 1_200, 6), size=120):
+        clean[i] += 1.0
+    for i in rng.choice(np.flatnonzero(np.arange(1_200) % 6 != 0), size=80):
+        clean[i] += 1.0
+    weights = [plm_weights(clean + rng.normal(0, 3.5, 1_200), samples, plms, 0.05)["m0"] for _ in range(50)]
+    assert np.mean(weights) > 0.35
+
+
 def _state_with_selection() -> WaspState:
     samples = [SyntheticSample(i, f"example number {i}", "positive", "a", 0) for i in range(8)]
     return WaspState(samples=samples, weights={"a": 1.0}, good={"positive": [0, 1, 2, 3]},

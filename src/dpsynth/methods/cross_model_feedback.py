@@ -51,12 +51,13 @@ class Feedback:
 
 def split_per_plm(plm_of: np.ndarray, plms: int, share: float,
                   rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each PLM's sample indices split at random into train and validation (at least one validation
-    sample once a PLM has two)."""
+    """Each PLM's sample indices split at random into train and validation: the authors' code keeps int((1 -
+    share) n) for training and the rest for validation (2 of 12, where int(share n) would keep 1); at least one
+    validation sample once a PLM has two."""
     trains, valids = [], []
     for k in range(plms):
         idx = rng.permutation(np.flatnonzero(plm_of == k))
-        n_valid = max(1, int(len(idx) * share)) if len(idx) >= 2 else 0
+        n_valid = max(1, len(idx) - int(len(idx) * (1 - share))) if len(idx) >= 2 else 0
         valids.append(idx[:n_valid])
         trains.append(idx[n_valid:])
     return trains, valids

@@ -36,7 +36,8 @@ from dpsynth.methods.registry import register
 
 
 class FuseGenOptions(SamplingOptions):
-    """The `fusegen:` section (defaults: the authors' run.sh, scaled by `n`)."""
+    """The `fusegen:` section (defaults: the authors' run.sh; only `n` is scaled down, the selection sizes are
+    not: docs/fusegen.md says what that does at small `n`)."""
 
     n: PositiveInt = 600
     rounds: NonNegativeInt = Field(4, description="feedback rounds after the zero-shot round (--steps)")
