@@ -11,10 +11,10 @@ for t in 0..T-1:
         PLM weights from the noisy nearest histogram (Eq. 8)
 
 Deviations, each documented in docs/wasp.md: the tight sensitivity of the
-concatenated histograms (not 4); weights from noisy votes clipped at zero,
-normalised, floored at `min_weight` and renormalised (noisy votes can be
-negative, and no PLM may starve); votes after the last generation are not
-cast, because nothing would use them.
+concatenated histograms (not 4); weights from each PLM's summed noisy votes
+clipped at zero, normalised, floored at `min_weight` and renormalised (noisy
+sums can be negative, and no PLM may starve); votes after the last generation
+are not cast, because nothing would use them.
 """
 
 from __future__ import annotations
