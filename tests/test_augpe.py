@@ -51,6 +51,13 @@ def test_rank_selection_follows_the_votes_when_the_population_is_as_large_as_the
     assert all(chosen.count(i) == 3 for i in (3, 40, 77, 101, 149))
 
 
+def test_rank_selection_without_a_vote_above_zero_keeps_a_random_third() -> None:
+    population = [SyntheticSample(i, f"text {i}", "pos", "p", 0) for i in range(150)]
+    parents = select_parents(np.zeros(150), population, {"pos": 150}, "rank", np.random.default_rng(0), fold=3)
+    chosen = {p.id for p in parents["pos"]}
+    assert len(chosen) == 50 and chosen != set(range(50))  # not the first third by index
+
+
 def test_the_threshold_is_subtracted_not_a_cut() -> None:
     assert apply_threshold(np.array([2.1, 5.0, 10.0, 1.0, -3.0]), 2.0).tolist() == pytest.approx(
         [0.1, 3.0, 8.0, 0.0, 0.0])

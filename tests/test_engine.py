@@ -84,7 +84,7 @@ def test_every_method_runs_and_pays_what_budget_plans(method: str, labels: str |
         or method in ("zero-shot", "fusegen")
     assert (tmp_path / "run" / "synthetic.jsonl").read_text().count("\n") >= 6
     card = (tmp_path / "run" / "README.md").read_text()  # the un-noised checks are stated where data was read
-    assert ("checked without noise before the run starts" in card) == privacy["private_records_read"]
+    assert ("Checked without noise before the run starts" in card) == privacy["private_records_read"]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     private_time = {"voting", "training", "data_holder"}  # runs/outputs.py: PRIVATE_TIMINGS
     assert not private_time & set(metrics["timings"]), "private-side time (it grows with M) stays out of metrics.json"
@@ -163,6 +163,18 @@ def test_a_killed_run_counts_what_it_paid_from_the_request_cache(method: str, pa
     usage = json.loads((tmp_path / "run" / "metrics.json").read_text())["usage"].values()
     assert sum(u["requests"] - u["cached"] for u in usage) == len(asked)
     assert sum(u["completion_tokens"] for u in usage) == 9 * len(asked)  # the fake answers with 9 tokens
+
+
+def test_a_damaged_plan_is_resumed_not_deleted_by_a_fresh_start(tmp_path: Path) -> None:
+    """A plan that cannot be read may name a run that paid: starting afresh would delete it; the resume says the
+    checkpoint is damaged instead."""
+    raw = _config(tmp_path, "wasp", label_proportions=None)
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "plan.json").write_text("{not json")
+    assert holds_a_run(tmp_path / "run")
+    for _ in range(2):  # the second finds the directory unlocked (flock): the refused create released its lock
+        with pytest.raises(DpsynthError, match="already holds a run"):
+            Run.create(parse_config(raw), tmp_path / "run")
 
 
 def test_a_plan_saved_without_a_run_id_gains_one_on_resume(tmp_path: Path) -> None:

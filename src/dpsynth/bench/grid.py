@@ -253,11 +253,12 @@ def _cell_rows(bench: BenchConfig, cell: dict, config, test, out: Path, run_miss
     cell_dir = RunDir(out / "cells" / cell["name"])
     if not cell_dir.is_finished() and not run_missing_here:
         return []
-    if cell_dir.is_started() or cell_dir.is_finished():
+    held = not cell_dir.is_finished() and holds_a_run(cell_dir.root)  # a cell killed in its first step too
+    if held or cell_dir.is_finished():
         _refuse_drift(cell, config, cell_dir)
     if not cell_dir.is_finished():
         log(f"running {cell['name']}")
-        runner = (Run.resume(cell_dir.root, progress=progress) if holds_a_run(cell_dir.root)
+        runner = (Run.resume(cell_dir.root, progress=progress) if held
                   else Run.create(config, cell_dir.root, progress=progress))
         runner.execute()
     if not _evaluated_as(cell_dir, cell["sample_weights"]):

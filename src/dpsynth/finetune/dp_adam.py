@@ -190,6 +190,7 @@ class Float64NoiseOptimizer(DPOptimizer):
                 noise = torch.from_numpy(draws.sum(axis=0) * (sigma / 2.0)).to(clean.device)
                 p.grad = (clean + noise).to(p.summed_grad.dtype).view_as(p)
             _mark_as_processed(p.summed_grad)
+        self.noise = None  # each step sets its own stream: a step that did not is refused, never given the last
 
 
 def _dp_step(

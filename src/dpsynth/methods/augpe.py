@@ -104,7 +104,9 @@ def select_parents(
             continue
         h = np.clip(noisy[idx], 0.0, None)
         if how == "rank":
-            kept = [idx[i] for i in np.argsort(-h, kind="stable")[:max(1, math.ceil(len(idx) / fold))]]
+            # no vote above 0: a random third, as sample mode falls back to uniform (not the first by index)
+            order = np.argsort(-h, kind="stable") if h.any() else rng.permutation(len(idx))
+            kept = [idx[i] for i in order[:max(1, math.ceil(len(idx) / fold))]]
             out[label] = [population[kept[j % len(kept)]] for j in range(count)]
         else:
             p = h / h.sum() if h.sum() > 0 else np.full(len(idx), 1.0 / len(idx))
@@ -170,11 +172,16 @@ class AugPE(Method[AugPEOptions, AugPEState]):
             parents = select_parents(noisy, state.population, plans[0].per_label, a.selection, rng, a.rank_fold)
             record["parents_distinct"] = sum(len({p.id for p in ps}) for ps in parents.values())
 
+            # under rank, parent j % K's children alternate kinds by round (j // K), so that a parent's rank_fold
+            # children are not all of one kind when K is even
+            distinct = {label: len({p.id for p in ps}) or 1 for label, ps in parents.items()}
+
             def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
                 out = []
                 for label, j in plan.indices():
                     parent = parents[label][(j + attempt * 7) % len(parents[label])]
-                    kind = a.variation if a.variation != "mixed" else ("paraphrase", "fill_blank")[j % 2]
+                    turn = j // distinct[label] if a.selection == "rank" else j
+                    kind = a.variation if a.variation != "mixed" else ("paraphrase", "fill_blank")[turn % 2]
                     out.append((label, build_variation_request(
                         task, label, parent.text, chat=chat, kind=kind, fill_ratio=a.fill_ratio,
                         settings=settings, rng_seed=request_seed(seed, "variation", t, label, attempt, j))))

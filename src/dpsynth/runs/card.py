@@ -104,7 +104,7 @@ def privacy_statement(facts: dict[str, Any]) -> str:
         text += f" DP-SGD's noise: {facts['dp_sgd_noise']}."
     checked = facts["checked_on_private_data"]
     if checked and checked != "none" and not checked.startswith("not recorded"):
-        text += f" The private data was {checked[0].lower()}{checked[1:]}."
+        text += f" {checked[0].upper()}{checked[1:]}."
     if facts["noise"] and "NOT FOR RELEASE" in facts["noise"]:
         text += " **The noise was seeded for an experiment: the guarantee does not hold for this data.**"
     return text

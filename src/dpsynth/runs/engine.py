@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable
@@ -97,12 +98,15 @@ class Run:
         check_embedder_available(config.embedder)
         check_before_start(plan_privacy(config), kw.get("private"))
         run = cls(config, d.root, **kw)  # takes the directory's lock before looking at what it holds
-        if holds_a_run(d.root):
+        try:
+            if holds_a_run(d.root):
+                raise DpsynthError(f"{d.root} already holds a run; resume it with `dpsynth run --resume {d.root}`")
+            if d.plan.exists():  # the plan of a run that stopped before spending anything: this one starts afresh
+                d.plan.unlink()
+            atomic_write_text(d.config, dump_config(config))
+        except BaseException:
             run.close()
-            raise DpsynthError(f"{d.root} already holds a run; resume it with `dpsynth run --resume {d.root}`")
-        if d.plan.exists():  # the plan of a run that stopped before spending anything: this one starts afresh
-            d.plan.unlink()
-        atomic_write_text(d.config, dump_config(config))
+            raise
         return run
 
     @classmethod
@@ -239,7 +243,7 @@ class Run:
             try:
                 saved = json.loads(path.read_text())
                 before, knobs, run_id = saved["fingerprint"], saved["knobs"], saved.get("run_id")
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
+            except (ValueError, KeyError, TypeError) as err:
                 raise DpsynthError(f"{path}: damaged checkpoint ({err}); the run cannot be resumed") from err
             changed = _changed_fields(before, self.plan.fingerprint())
             if changed:
@@ -460,18 +464,27 @@ def holds_a_run(run_dir: Path) -> bool:
 
 
 def _paid_before_it_was_killed(d: RunDir) -> bool:
-    """The directory's plan names a run that the request cache holds paid answers of."""
-    try:
-        run_id = json.loads(d.plan.read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError):
+    """The directory's plan names a run that the request cache holds paid answers of. A plan that cannot be read
+    counts as a run to resume: the resume then says the checkpoint is damaged, rather than a fresh start deleting
+    it and forgetting what that run paid."""
+    if not d.plan.exists():
         return False
+    try:
+        saved = json.loads(d.plan.read_text())
+    except (OSError, ValueError):
+        return True
+    run_id = saved.get("run_id") if isinstance(saved, dict) else None
     if not isinstance(run_id, str):
-        return False
-    cache = open_request_cache()
+        return not isinstance(saved, dict)
     try:
-        return cache.paid_by_run(run_id) > 0
-    finally:
-        cache.close()
+        cache = open_request_cache()
+        try:
+            return cache.paid_by_run(run_id) > 0
+        finally:
+            cache.close()
+    except (OSError, sqlite3.Error) as err:
+        raise DpsynthError(f"the request cache {cache_dir()} cannot be read ({err}); set DPSYNTH_CACHE to a "
+                           "writable directory") from err
 
 
 def _paid(usage: dict[str, Usage]) -> dict[str, int]:
