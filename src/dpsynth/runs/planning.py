@@ -190,7 +190,8 @@ class PrivacyPlan:
                     "and refuses to take part otherwise; a finished run discloses that every party passed")
         fewest, _ = self.method.min_private_records()
         checks = ["every private label is one of task.labels", "every task label has a private record",
-                  f"at least {fewest} private records", f"delta < 1/M (M < {1 / self.config.privacy.delta:g} records)"]
+                  f"at least {fewest} private record{'s' if fewest != 1 else ''}",
+                  f"delta < 1/M (M < {1 / self.config.privacy.delta:g} records)"]
         if fed is not None:
             checks.append(f"no party holds more than {fed.max_records_per_party} records")
         notes = ("checked without noise before the run starts: " + "; ".join(checks) + ". A finished run discloses "
