@@ -328,7 +328,7 @@ def cache_cost(path: Path) -> tuple[int, float, float]:
     keys = [hashlib.sha256(f"bench-{i}".encode()).hexdigest() for i in range(1000)]
     start = time.perf_counter()
     for key in keys:
-        cache.put(key, "bench", "prompt", GenerationResult("a text", 1, 1))
+        cache.put_many([(key, "bench", "prompt", GenerationResult("a text", 1, 1))])
     put = (time.perf_counter() - start) / len(keys) * 1e6
     start = time.perf_counter()
     for chunk in range(0, len(keys), 100):

@@ -33,8 +33,8 @@ def _writer(root: str, worker: int, barrier, errors) -> None:
             barrier.wait(timeout=120)  # every process opens the same new file at the same moment
             cache = RequestCache(_path(root, round_))
             for j in range(ENTRIES):
-                cache.put(f"k-{worker}-{j}", "model", f"prompt {worker} {j}",
-                          GenerationResult(f"text {worker} {j}", 3, 4))
+                cache.put_many([(f"k-{worker}-{j}", "model", f"prompt {worker} {j}",
+                                 GenerationResult(f"text {worker} {j}", 3, 4))])
             cache.close()
         except BaseException:  # noqa: BLE001 - reported to the parent test
             errors.put(f"worker {worker}, round {round_}: {traceback.format_exc()}")
@@ -67,8 +67,8 @@ def test_concurrent_processes_open_a_new_cache_and_write(tmp_path: Path) -> None
 def test_reopen_serves_hits_and_counts_writes(tmp_path: Path) -> None:
     path = tmp_path / "cache.sqlite"
     cache = RequestCache(path)
-    cache.put("a", "m", "p", GenerationResult("one", 1, 2))
-    cache.put("a", "m", "p", GenerationResult("two", 1, 2))
+    cache.put_many([("a", "m", "p", GenerationResult("one", 1, 2))])
+    cache.put_many([("a", "m", "p", GenerationResult("two", 1, 2))])
     cache.close()
     again = RequestCache(path)  # a second open of an existing file changes nothing
     # the first answer is kept: a run may have used it, and its resume must find it again
@@ -91,7 +91,7 @@ def test_answers_are_stored_under_their_payer_and_older_versions_still_share_the
     cache.put_many([("a", "m", "p", GenerationResult("x", 5, 7)), ("b", "m", "p", GenerationResult("y", 1, 2))],
                    payer="run1/gen")
     cache.put_many([("a", "m", "p", GenerationResult("again", 9, 9))], payer="run2/gen")  # the first answer stays
-    cache.put("c", "m", "p", GenerationResult("z", 1, 1))
+    cache.put_many([("c", "m", "p", GenerationResult("z", 1, 1))])
     assert cache.paid("run1/gen") == (2, 6, 9)
     assert cache.paid("run2/gen") == (0, 0, 0)
     assert cache.paid_by_run("run1") == 2 and cache.paid_by_run("run") == 0 and cache.paid_by_run("run10") == 0
@@ -265,7 +265,7 @@ def test_opening_the_cache_again_never_touches_an_existing_database_file(tmp_pat
     assert str(tmp_path / "requests.sqlite") not in opened
     monkeypatch.setattr(os, "open", real_open)
     second = RequestCache(tmp_path / "requests.sqlite")
-    first.put("k", "m", "p", GenerationResult("one", 1, 1))
+    first.put_many([("k", "m", "p", GenerationResult("one", 1, 1))])
     assert second.get_many(["k"])["k"].text == "one"
 
 

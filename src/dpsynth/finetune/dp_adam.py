@@ -153,7 +153,7 @@ def train_adapter(
             batch = np.flatnonzero(np.isin(units, sampled))
             optimizer.noise = step_stream(settings.seed, step, _NOISE)
             with torch.random.fork_rng(devices=_cuda_index(device)):  # the secret seed leaves no RNG seeded
-                torch.manual_seed(_stream_seed(settings.seed, step, _DROPOUT))
+                torch.manual_seed(int(step_stream(settings.seed, step, _DROPOUT).integers(2**63)))
                 grad_norm = _dp_step(gsm, optimizer, params, encoded, batch, units[batch])
             done = step + 1
             if checkpoint is not None and (done % settings.checkpoint_every == 0 or done == settings.steps):
@@ -255,10 +255,6 @@ def _cuda_index(device: str) -> list[int]:
     """The CUDA device `fork_rng` must also save and restore (torch.manual_seed seeds it too); none on a CPU."""
     d = torch.device(device)
     return [d.index if d.index is not None else torch.cuda.current_device()] if d.type == "cuda" else []
-
-
-def _stream_seed(seed: int, step: int, stream: int) -> int:
-    return int(np.random.SeedSequence([seed, step, stream]).generate_state(1, np.uint64)[0])
 
 
 def _save(path: Path, settings: TrainSettings, unit: str, model: torch.nn.Module, adam: torch.optim.Optimizer,

@@ -152,9 +152,6 @@ class RequestCache:
                     found[key] = GenerationResult(text, pt, ct, cached=True)
         return found
 
-    def put(self, key: str, model: str, prompt: str, result: GenerationResult) -> None:
-        self.put_many([(key, model, prompt, result)])
-
     def put_many(self, rows: Sequence[tuple[str, str, str, GenerationResult]], payer: str | None = None) -> None:
         """Store (key, model, prompt, result) rows in one transaction: answers that arrive together share a
         commit, which is most of a write's cost. `payer` names who paid for them (a run's generator: `paid`)."""
