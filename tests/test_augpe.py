@@ -135,6 +135,31 @@ def test_output_all_keeps_every_population_at_the_same_cost_and_privacy(tmp_path
     assert [e["name"] for e in every_privacy["events"]] == [e["name"] for e in last_privacy["events"]]
     assert every_privacy["epsilon"] == pytest.approx(last_privacy["epsilon"])
 
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache-selected"))
+    selected, selected_privacy = run("selected", "selected", crash_after=10)
+    assert len(FakeGenerator.calls) == 16  # populations 0 and 1 across the crash; population 2 is not asked
+    metrics = json.loads((tmp_path / "selected" / "metrics.json").read_text())
+    assert [it.get("selected") for it in metrics["iterations"]] == [None, None, len(selected)]
+    assert 0 < len(selected) <= 8 and {r["iteration"] for r in selected} == {1}  # parents from population 1
+    assert len({(r["label"], r["text"]) for r in selected}) == len(selected)
+    assert [e["name"] for e in selected_privacy["events"]] == [e["name"] for e in last_privacy["events"]]
+    assert selected_privacy["epsilon"] == pytest.approx(last_privacy["epsilon"])
+
+
+def test_output_selected_is_the_last_votes_distinct_parents_in_rank_order() -> None:
+    """Under rank the output is the top 1/fold of each label by noisy votes, once each; under sample each drawn
+    parent once."""
+    from dpsynth.methods.augpe import distinct_in_order
+
+    pop = [SyntheticSample(id=i, text=f"t{i}", label="ab"[i % 2], plm="g", iteration=1) for i in range(12)]
+    noisy = np.array([0.0, 5, 9, 1, 3, 0, 7, 2, 1, 8, 4, 6])
+    parents = select_parents(noisy, pop, {"a": 6, "b": 6}, "rank", np.random.default_rng(0), fold=3)
+    assert [p.id for p in distinct_in_order(parents)] == [2, 6, 9, 11]
+    drawn = select_parents(noisy, pop, {"a": 6, "b": 6}, "sample", np.random.default_rng(0))
+    out = distinct_in_order(drawn)
+    assert len(out) == len({p.id for p in out}) == len({p.id for ps in drawn.values() for p in ps})
+    assert 0 not in {p.id for p in out}  # no votes, never drawn
+
 
 def test_a_label_left_with_no_sample_is_one_clear_error_before_the_votes(tmp_path, monkeypatch) -> None:
     """A generator whose every answer is empty left a label with no population: the next iteration crashed with

@@ -7,7 +7,9 @@ for t in 1..T-1:                                               (T-1 noisy releas
     parents = per label, rank (the top 1/rank_fold by H, each varied rank_fold times) or sample
         (prop. to H) from population_{t-1}
     population_t = VARIATION_API(parents)                      (paraphrase / fill in the blanks)
-output population_{T-1} (or, with `output: all`, every population: N*T samples for N*T calls)
+output population_{T-1} (or, with `output: all`, every population: N*T samples for N*T calls; or, with
+`output: selected`, the parents the last vote selected, as Aug-PE's code saves them, without generating
+population_{T-1}: N*(T-1) calls for the same T-1 releases)
 
 Sensitivity 1 either way (Top-1, or k-NN weights 1/sqrt(k)); the accounting is the
 exact Gaussian-DP composition of the Aug-PE paper, done by the same ledger.
@@ -64,16 +66,19 @@ class AugPEOptions(SamplingOptions):
                            "population as parents, each varied rank_fold times (DPSDA's next_variation_api_fold)")
     variation: Literal["paraphrase", "fill_blank", "mixed"] = "mixed"
     fill_ratio: float = Field(0.3, gt=0, lt=1)
-    output: Literal["last", "all"] = Field(
-        "last", description="last: the final population (the paper's output, N samples); all: every population, "
-        "N*T samples for the same N*T generator calls (each population is public prompts plus earlier noisy "
-        "releases, so keeping them costs no privacy)")
+    output: Literal["last", "all", "selected"] = Field(
+        "last", description="last: the final population (N samples, variations no vote has judged); all: every "
+        "population, N*T samples for the same N*T generator calls (each population is public prompts plus earlier "
+        "noisy releases, so keeping them costs no privacy); selected: the distinct parents chosen by the last vote "
+        "(what the Aug-PE authors' code saves, save_syn_mode='selected'; under rank the top 1/rank_fold of each "
+        "label), and the last population is not generated: N*(T-1) calls, the same T-1 releases")
 
 
 class AugPEState(MethodState):
     population: list[SyntheticSample] = []
     initial: list[SyntheticSample] = []
     earlier: list[SyntheticSample] = []  # populations before the current one (kept with `output: all`)
+    selected: list[SyntheticSample] = []  # the last vote's distinct parents (the output with `output: selected`)
 
 
 def vote_weights(kind: str, k: int) -> list[float]:
@@ -86,6 +91,12 @@ def apply_threshold(noisy: np.ndarray, threshold: float) -> np.ndarray:
     whole would keep weak, noise-driven candidates more often (counts 2.1, 5, 10 at H=2: sampled 0.12, 0.29, 0.58
     of the time, against 0.009, 0.27, 0.72)."""
     return np.maximum(np.asarray(noisy, dtype=np.float64) - threshold, 0.0)
+
+
+def distinct_in_order(parents: dict[str, list[SyntheticSample]]) -> list[SyntheticSample]:
+    """Each selected parent once, label by label in selection order (rank: by votes). Aug-PE's code saves a
+    parent drawn twice twice; a released dataset gains nothing from repeated rows, so dpsynth keeps one."""
+    return [p for chosen in parents.values() for p in {p.id: p for p in chosen}.values()]
 
 
 def select_parents(
@@ -127,7 +138,11 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         return self.options.iterations
 
     def planned_requests(self, labels: int) -> int:
-        return self.options.n * self.options.iterations
+        return self.options.n * self._generated_populations()
+
+    def _generated_populations(self) -> int:
+        """T populations, or T-1 with `output: selected` (the last vote's parents are the output, not varied)."""
+        return self.options.iterations - (self.options.output == "selected")
 
     def min_private_records(self) -> tuple[int, str]:
         """A noisy count above the threshold needs more records than the threshold (checked by the holder,
@@ -171,6 +186,10 @@ class AugPE(Method[AugPEOptions, AugPEState]):
             rng = np.random.default_rng(request_seed(seed, "augpe.select", t))
             parents = select_parents(noisy, state.population, plans[0].per_label, a.selection, rng, a.rank_fold)
             record["parents_distinct"] = sum(len({p.id for p in ps}) for ps in parents.values())
+            if t == self._generated_populations():  # `output: selected`: the last vote's parents are the output
+                state.selected = distinct_in_order(parents)
+                record.update(population=len(state.population), selected=len(state.selected))
+                return record
 
             # under rank, parent j % K's children alternate kinds by round (j // K), so that a parent's rank_fold
             # children are not all of one kind when K is even
@@ -210,6 +229,8 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         return apply_threshold(noisy, a.threshold)
 
     def final_samples(self, state: AugPEState) -> list[SyntheticSample]:
+        if self.options.output == "selected":
+            return list(state.selected)
         return state.earlier + state.population if self.options.output == "all" else list(state.population)
 
     def reference_sets(self, state: AugPEState) -> dict[str, list[SyntheticSample]]:
