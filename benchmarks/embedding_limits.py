@@ -17,10 +17,10 @@ import argparse
 import time
 
 import numpy as np
+from machine_limits import matmul_peak
 
 from dpsynth.data.corpora import get_corpus
 from dpsynth.embed.sentence import SentenceTransformerEmbedder
-from machine_limits import matmul_peak
 
 
 def main() -> None:

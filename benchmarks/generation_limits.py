@@ -28,13 +28,13 @@ import os
 import time
 
 import numpy as np
+from machine_limits import matmul_peak, memory_bandwidth
 
 from dpsynth.data.corpora import get_corpus
 from dpsynth.llm.base import GenerationRequest
 from dpsynth.llm.llama_cpp_backend import LlamaCppGenerator, available_cores
 from dpsynth.llm.local_models import resolve_local_model
 from dpsynth.prompts.builder import PromptSettings, build_request
-from machine_limits import matmul_peak, memory_bandwidth
 
 
 def wasp_mix(gen: LlamaCppGenerator, count: int, samples_per_prompt: int) -> list[GenerationRequest]:
@@ -104,14 +104,15 @@ def main() -> None:
             results = gen.generate(requests)
             seconds = time.perf_counter() - start
             # Each distinct prompt is processed once (a repeat reuses llama.cpp's cached prompt).
-            first = {r.prompt if r.prompt is not None else r.messages: i for i, r in reversed(list(enumerate(requests)))}
+            first = {r.prompt if r.prompt is not None else r.messages: i
+                     for i, r in reversed(list(enumerate(requests)))}
             prompt = sum(results[i].prompt_tokens for i in first.values())
             completion = sum(r.completion_tokens for r in results)
             rate = completion / seconds
             base_rate, base_wall = base_rate or rate, base_wall or seconds
             print(f"  WASP mix, {label}: {len(requests)} requests, {prompt:5d} prompt tokens processed, "
-                  f"{completion:4d} completion tokens: {rate:5.1f} completion tokens/s (ratio {rate / base_rate:4.2f}x), "
-                  f"wall {seconds:5.1f} s (ratio {seconds / base_wall:4.2f}x)")
+                  f"{completion:4d} completion tokens: {rate:5.1f} completion tokens/s "
+                  f"(ratio {rate / base_rate:4.2f}x), wall {seconds:5.1f} s (ratio {seconds / base_wall:4.2f}x)")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ in one run, is the figure that means something.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -1,6 +1,6 @@
 """Pipeline overhead: the share of a WASP run's wall time spent outside generator calls.
 
-    .venv/bin/python benchmarks/pipeline_overhead.py                # runs the WASP demo config (dpsynth demo --wasp), fresh cache
+    .venv/bin/python benchmarks/pipeline_overhead.py               # the WASP demo config (demo --wasp), fresh cache
     .venv/bin/python benchmarks/pipeline_overhead.py --n 120        # a smaller run
     .venv/bin/python benchmarks/pipeline_overhead.py --run-dir runs/demo   # read a finished run
 

@@ -22,9 +22,9 @@ import time
 import tracemalloc
 
 import numpy as np
+from machine_limits import matmul_peak
 
 from dpsynth.voting.rank_votes import decaying_weights, wasp_votes
-from machine_limits import matmul_peak
 
 
 def naive_wasp_votes(private, p_labels, synthetic, s_labels, q):
