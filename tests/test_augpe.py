@@ -9,6 +9,7 @@ import pytest
 from helpers import sigma_for
 
 from dpsynth.data.records import TaskSpec
+from dpsynth.errors import DpsynthError
 from dpsynth.methods.augpe import apply_threshold, select_parents, vote_weights
 from dpsynth.methods.generation import SyntheticSample
 from dpsynth.prompts.builder import build_variation_request
@@ -109,12 +110,13 @@ def test_output_all_keeps_every_population_at_the_same_cost_and_privacy(tmp_path
     csv.write_text("text,label\n" + "".join(f"private review {i} of a {'great' if i % 2 else 'poor'} film,"
                                             f"{'pos' if i % 2 else 'neg'}\n" for i in range(20)))
 
-    def run(output: str, out: str, crash_after: int | None = None) -> tuple[list[dict], dict]:
+    def run(output: str, out: str, crash_after: int | None = None, selection: str = "sample"
+            ) -> tuple[list[dict], dict]:
         FakeGenerator.calls, FakeGenerator.fail_after = [], crash_after
         cfg = parse_config({"method": "augpe", "data": {"private": str(csv)},
                             "task": {"text_kind": "review", "labels": {"pos": "positive", "neg": "negative"}},
                             "generators": [{"kind": "fake", "model": "a"}],
-                            "augpe": {"n": 8, "iterations": 3, "output": output},
+                            "augpe": {"n": 8, "iterations": 3, "output": output, "selection": selection},
                             "privacy": {"epsilon": 2.0, "delta": 1e-3}, "evaluate": False, "seed": 3})
         if crash_after is not None:
             with pytest.raises(KeyboardInterrupt):
@@ -136,14 +138,21 @@ def test_output_all_keeps_every_population_at_the_same_cost_and_privacy(tmp_path
     assert every_privacy["epsilon"] == pytest.approx(last_privacy["epsilon"])
 
     monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache-selected"))
-    selected, selected_privacy = run("selected", "selected", crash_after=10)
+    selected, selected_privacy = run("selected", "selected", crash_after=10, selection="rank")
     assert len(FakeGenerator.calls) == 16  # populations 0 and 1 across the crash; population 2 is not asked
     metrics = json.loads((tmp_path / "selected" / "metrics.json").read_text())
-    assert [it.get("selected") for it in metrics["iterations"]] == [None, None, len(selected)]
-    assert 0 < len(selected) <= 8 and {r["iteration"] for r in selected} == {1}  # parents from population 1
+    last_vote = metrics["iterations"][-1]
+    assert [it.get("selected") for it in metrics["iterations"]] == [None, None, 4]
+    assert len(selected) == 4 == last_vote["parents_distinct"]  # the top third (ceil 4/3) of each label's 4
+    assert {r["iteration"] for r in selected} == {1}  # parents from population 1, judged by the last vote
     assert len({(r["label"], r["text"]) for r in selected}) == len(selected)
     assert [e["name"] for e in selected_privacy["events"]] == [e["name"] for e in last_privacy["events"]]
     assert selected_privacy["epsilon"] == pytest.approx(last_privacy["epsilon"])
+
+    config = tmp_path / "selected" / "config.yaml"  # resumed under another output: refused, not population 0
+    config.write_text(config.read_text().replace("output: selected", "output: last"))
+    with pytest.raises(DpsynthError, match="restore augpe.output: selected"):
+        Run.resume(tmp_path / "selected").execute()
 
 
 def test_output_selected_is_the_last_votes_distinct_parents_in_rank_order() -> None:
@@ -191,3 +200,13 @@ def test_a_label_left_with_no_sample_is_one_clear_error_before_the_votes(tmp_pat
         Run.create(cfg, tmp_path / "run").execute()
     releases = tmp_path / "run" / "checkpoints" / "releases"
     assert not releases.is_dir() or not list(releases.glob("*.json")), "no vote release was charged"
+
+
+def test_output_selected_plans_one_population_fewer() -> None:
+    """The dry run's request count: `output: selected` does not generate population T-1."""
+    from dpsynth.methods.registry import method_class
+
+    base = {"data": {"corpus": "trec", "m": 10}, "method": "augpe", "generators": [{"model": "a.gguf"}]}
+    for output, requests in (("last", 60), ("all", 60), ("selected", 40)):
+        cfg = parse_config({**base, "augpe": {"n": 20, "iterations": 3, "output": output}})
+        assert method_class("augpe")(cfg).planned_requests(6) == requests

@@ -55,7 +55,7 @@ VOTE_SIGMA = "vote_sigma"
 class AugPEOptions(SamplingOptions):
     """The `augpe:` section: Aug-PE / Private Evolution with one PLM (Xie et al. 2024)."""
 
-    n: PositiveInt = Field(600, description="population size; the final population is the output")
+    n: PositiveInt = Field(600, description="population size (each iteration's requests)")
     iterations: int = Field(5, ge=2, description="T, including the initial random-API population")
     votes: Literal["top1", "knn"] = "top1"
     k: PositiveInt = Field(1, description="neighbours per private sample for knn votes (normalised to norm 1)")
@@ -79,6 +79,7 @@ class AugPEState(MethodState):
     initial: list[SyntheticSample] = []
     earlier: list[SyntheticSample] = []  # populations before the current one (kept with `output: all`)
     selected: list[SyntheticSample] = []  # the last vote's distinct parents (the output with `output: selected`)
+    output: str | None = None  # augpe.output when the run began: a resume under another one is refused
 
 
 def vote_weights(kind: str, k: int) -> list[float]:
@@ -174,6 +175,7 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         plans = plan_counts(a.n, {plm: 1.0}, ctx.label_shares)
         record: dict = {"iteration": t}
         if t == 0:
+            state.output = a.output
             make_requests = zero_shot_requests(task, settings, seed, "random_api")
         else:
             empty = [label for label, count in plans[0].per_label.items()
@@ -229,6 +231,9 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         return apply_threshold(noisy, a.threshold)
 
     def final_samples(self, state: AugPEState) -> list[SyntheticSample]:
+        if state.output not in (None, self.options.output):  # `selected` never generates the last population
+            raise DpsynthError(f"augpe.output is {self.options.output} but this run began with {state.output}; "
+                               f"restore augpe.output: {state.output} to resume it")
         if self.options.output == "selected":
             return list(state.selected)
         return state.earlier + state.population if self.options.output == "all" else list(state.population)
