@@ -26,6 +26,7 @@ from dpsynth.methods.resample import (
     resample_to_histogram,
     suggested_clusters,
     votes_per_bin_over_noise,
+    weights_from_histogram,
 )
 from dpsynth.runs.config import parse_config
 from dpsynth.runs.planning import plan_for_method
@@ -66,6 +67,50 @@ def test_resampling_follows_the_noisy_histogram() -> None:
     assert len(short) == 40 and stats["duplicated"] == 15, "a short bin gives all it has, then repeats"
     noise, stats = resample_to_histogram(samples, assignment, np.array([-1.0, -2, -3, -4]), 20, rng)
     assert stats["all_noise_fallback"] and len(noise) == 20
+
+
+def test_weights_give_the_bins_the_noisy_histograms_shares_and_keep_every_sample() -> None:
+    """A weighted classifier sees each bin in the noisy histogram's proportion: bins of 50, 30 and 20 samples with
+    clipped noisy counts 10, 30, 0 (from -4) weigh 0.25, 0.75 and 0 in all; the mean weight is 1; a weight the
+    sample already had (FuseGen's) multiplies in; all noise leaves the weights as they were."""
+    samples = _samples(100)
+    assignment = np.repeat([0, 1, 2], [50, 30, 20])
+    out, stats = weights_from_histogram(samples, assignment, np.array([10.0, 30.0, -4.0]))
+    w = np.array([x.weight for x in out])
+    assert [x.text for x in out] == [x.text for x in samples] and stats["kept"] == 100
+    assert np.mean(w) == pytest.approx(1.0)
+    shares = np.bincount(assignment, weights=w) / w.sum()
+    assert shares == pytest.approx([0.25, 0.75, 0.0])
+    assert stats["zero_weight"] == 20 and stats["max_weight"] == pytest.approx(2.5)
+    assert stats["effective_samples"] == pytest.approx(100 ** 2 / (50 * 0.5 ** 2 + 30 * 2.5 ** 2))
+    boosted = [SyntheticSample(id=x.id, text=x.text, label=x.label, plm="a", iteration=0, weight=2.0 if x.id == 0
+                               else 1.0) for x in samples]
+    again = np.array([x.weight for x in weights_from_histogram(boosted, assignment, np.array([10.0, 30.0, -4.0]))[0]])
+    assert again[0] / again[1] == pytest.approx(2.0) and np.mean(again) == pytest.approx(1.0)
+    flat, stats = weights_from_histogram(samples, assignment, np.array([-1.0, -2.0, -3.0]))
+    assert stats["all_noise_fallback"] and all(x.weight == pytest.approx(1.0) for x in flat)
+
+
+def test_weights_and_a_target_are_refused_together(tmp_path: Path) -> None:
+    raw = _config(tmp_path, "zero-shot")
+    with pytest.raises(DpsynthError, match="resample.weights keeps every sample"):
+        parse_config({**raw, "resample": {"weights": True, "target": 10}})
+
+
+def test_weighted_resampling_writes_every_sample_once_with_its_weight(tmp_path: Path) -> None:
+    """`resample: {weights: true}`: every sample written once with its weight, the same one release."""
+    raw = _config(tmp_path, "zero-shot")
+    raw["privacy"]["label_proportions"] = None
+    raw["resample"] = {"clusters": 2, "weights": True}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(_typer_app, ["run", str(tmp_path / "run.yaml"), "-o", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    stage = metrics["iterations"][-1]["resample"]
+    assert stage["weighted"] and stage["kept"] == len(rows) == sum(metrics["samples_per_plm"].values())
+    assert len({r["text"] for r in rows}) == len(rows) and np.mean([r["weight"] for r in rows]) == pytest.approx(1.0)
+    assert [e["name"] for e in json.loads((tmp_path / "run" / "privacy.json").read_text())["events"]] == [RESAMPLE]
 
 
 def _histogram_case(seed: int, records: int):

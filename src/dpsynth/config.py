@@ -232,6 +232,15 @@ class ResampleConfig(FinalStageNoise):
     clusters: PositiveInt = Field(4, description="k-means clusters per label; each private record votes for the "
                                   "nearest of its label's centroids, so bins = clusters x labels")
     target: PositiveInt | None = Field(None, description="samples out (default: as many as the method wrote)")
+    weights: bool = Field(False, description="keep every sample and give it a training weight (its bin's share of "
+                          "the noisy histogram over its share of the set) instead of drawing samples: no "
+                          "duplicates, no draw's variance, the same one release")
+
+    @model_validator(mode="after")
+    def _weights_keep_every_sample(self) -> ResampleConfig:
+        if self.weights and self.target is not None:
+            raise ValueError("resample.weights keeps every sample: remove resample.target, or weights")
+        return self
 
 
 class RelabelConfig(FinalStageNoise):

@@ -11,6 +11,10 @@ Why it helps at small M: a per-candidate vote carries at most a handful of votes
 same noise, while a cluster collects M / bins of them; the paper picks K so that the votes per
 cluster stand well above sigma (`votes_per_bin_over_noise` in the stage's record).
 
+`resample.weights` keeps every sample instead and weights it by its bin's noisy share over the bin's share of
+the set (importance weights towards the private records' density, mean 1): the same release, post-processed
+without the draw's duplicates and variance (not in the paper).
+
 Differences from the paper, both in the direction of privacy: the paper divides the noisy
 histogram by the exact number of private records (an un-noised count); here the densities are
 the clipped noisy counts over their own sum. And where a cluster holds fewer samples than its
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -43,9 +48,9 @@ def resample_schedule(config: RunConfig, method_schedule: Schedule) -> Schedule:
         return Schedule((), ())
     sens = pe_top1_sensitivity(config.privacy.adjacency, max_records_per_user=records_per_unit(config))
     knob = final_stage_knob(RESAMPLE_SIGMA, r, method_schedule, "resample", "Gaussian noise on the cluster histogram")
+    how = "every sample weighted by it (resample.weights)" if r.weights else "papers/001, Algorithm 2"
     return Schedule(gaussian_releases(RESAMPLE, [None], RESAMPLE_SIGMA, sens), (knob,),
-                    (f"DP resampling: k-means into {r.clusters} clusters per label, one noisy histogram "
-                     "(papers/001, Algorithm 2)",))
+                    (f"DP resampling: k-means into {r.clusters} clusters per label, one noisy histogram ({how})",))
 
 
 def cluster_within_labels(embeddings: np.ndarray, label_ids: np.ndarray, clusters: int,
@@ -100,6 +105,27 @@ def resample_to_histogram(samples: Sequence[SyntheticSample], assignment: np.nda
                     "all_noise_fallback": bool(fallback)}
 
 
+def weights_from_histogram(samples: Sequence[SyntheticSample], assignment: np.ndarray, noisy: np.ndarray
+                           ) -> tuple[list[SyntheticSample], dict]:
+    """Every sample, weighted by (its bin's share of the clipped noisy histogram) / (the bin's share of the
+    samples), times any weight it had (FuseGen's), scaled to mean 1: a weighted classifier then sees the bins in
+    the noisy histogram's proportions, as a resampled set would, with no sample repeated or dropped by chance.
+    Bins the noise left at 0 weigh 0. Post-processing only: the histogram is noisy, the bins are public."""
+    clipped = np.clip(np.asarray(noisy, dtype=np.float64), 0.0, None)
+    fallback = clipped.sum() <= 0
+    sizes = np.bincount(assignment, minlength=len(clipped)).astype(np.float64)
+    if fallback:  # all noise: every bin keeps its own share, the weights stay as they were
+        clipped = sizes.copy()
+    per_bin = (clipped / clipped.sum()) / np.maximum(sizes / len(samples), 1e-12)
+    before = np.array([1.0 if x.weight is None else x.weight for x in samples])
+    w = before * per_bin[assignment]
+    w *= len(w) / w.sum()
+    out = [replace(x, weight=float(wi)) for x, wi in zip(samples, w)]
+    return out, {"bins": len(clipped), "target": len(samples), "kept": len(out), "duplicated": 0,
+                 "weighted": True, "zero_weight": int((w == 0).sum()), "max_weight": float(w.max()),
+                 "effective_samples": float(w.sum() ** 2 / (w ** 2).sum()), "all_noise_fallback": bool(fallback)}
+
+
 def votes_per_bin_over_noise(noisy: np.ndarray, sigma: float) -> float | None:
     """The paper's rule for K, from noisy values only: average (clipped) votes per bin in noise units."""
     if sigma <= 0:
@@ -126,8 +152,11 @@ def resample_stage(options: ResampleConfig, *, samples: list[SyntheticSample], e
     if len(noisy) != len(centroids):  # a resumed run re-clusters: the saved histogram must fit its bins
         raise DpsynthError(f"resample: the saved histogram has {len(noisy)} bins, the clustering {len(centroids)}; "
                            "the run cannot resume this stage")
-    target = options.target or len(samples)
-    chosen, stats = resample_to_histogram(samples, assignment, noisy, target, np.random.default_rng([seed, 1]))
+    if options.weights:
+        chosen, stats = weights_from_histogram(samples, assignment, noisy)
+    else:
+        target = options.target or len(samples)
+        chosen, stats = resample_to_histogram(samples, assignment, noisy, target, np.random.default_rng([seed, 1]))
     # no timing here: the holder's vote (and its embedding of the private texts) grows with M
     stats.update(before=len(samples), votes_per_bin_over_noise=votes_per_bin_over_noise(noisy, sigma),
                  suggested_clusters=suggested_clusters(noisy, sigma, labels))
