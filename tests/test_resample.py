@@ -69,25 +69,32 @@ def test_resampling_follows_the_noisy_histogram() -> None:
     assert stats["all_noise_fallback"] and len(noise) == 20
 
 
-def test_weights_give_the_bins_the_noisy_histograms_shares_and_keep_every_sample() -> None:
-    """A weighted classifier sees each bin in the noisy histogram's proportion: bins of 50, 30 and 20 samples with
-    clipped noisy counts 10, 30, 0 (from -4) weigh 0.25, 0.75 and 0 in all; the mean weight is 1; a weight the
-    sample already had (FuseGen's) multiplies in; all noise leaves the weights as they were."""
-    samples = _samples(100)
-    assignment = np.repeat([0, 1, 2], [50, 30, 20])
-    out, stats = weights_from_histogram(samples, assignment, np.array([10.0, 30.0, -4.0]))
+def test_weights_give_each_labels_bins_the_noisy_shares_and_keep_the_label_mix() -> None:
+    """Label 0's bins of 50, 30 and 20 samples with clipped noisy counts 10, 30, 0 (from -4) weigh 0.25, 0.75 and
+    0 of label 0's weight, which stays 100/140 of the total as label 1's stays 40/140 (its bins 30 and 10 samples,
+    counts 5 and 15); the mean weight is 1; a weight a sample already had (FuseGen's) multiplies in; a label whose
+    counts are all noise keeps its weights."""
+    samples = _samples(140)
+    assignment = np.repeat([0, 1, 2, 3, 4], [50, 30, 20, 30, 10])
+    bin_labels = np.array([0, 0, 0, 1, 1])
+    noisy = np.array([10.0, 30.0, -4.0, 5.0, 15.0])
+    out, stats = weights_from_histogram(samples, assignment, noisy, bin_labels)
     w = np.array([x.weight for x in out])
-    assert [x.text for x in out] == [x.text for x in samples] and stats["kept"] == 100
+    assert [x.text for x in out] == [x.text for x in samples] and stats["kept"] == 140
     assert np.mean(w) == pytest.approx(1.0)
-    shares = np.bincount(assignment, weights=w) / w.sum()
-    assert shares == pytest.approx([0.25, 0.75, 0.0])
-    assert stats["zero_weight"] == 20 and stats["max_weight"] == pytest.approx(2.5)
-    assert stats["effective_samples"] == pytest.approx(100 ** 2 / (50 * 0.5 ** 2 + 30 * 2.5 ** 2))
-    boosted = [SyntheticSample(id=x.id, text=x.text, label=x.label, plm="a", iteration=0, weight=2.0 if x.id == 0
-                               else 1.0) for x in samples]
-    again = np.array([x.weight for x in weights_from_histogram(boosted, assignment, np.array([10.0, 30.0, -4.0]))[0]])
-    assert again[0] / again[1] == pytest.approx(2.0) and np.mean(again) == pytest.approx(1.0)
-    flat, stats = weights_from_histogram(samples, assignment, np.array([-1.0, -2.0, -3.0]))
+    per_bin = np.bincount(assignment, weights=w)
+    assert per_bin[:3] / per_bin[:3].sum() == pytest.approx([0.25, 0.75, 0.0])
+    assert per_bin[3:] / per_bin[3:].sum() == pytest.approx([0.25, 0.75])
+    assert per_bin[:3].sum() == pytest.approx(100.0) and per_bin[3:].sum() == pytest.approx(40.0), "label mix kept"
+    assert stats["zero_weight"] == 20 and stats["max_weight"] == pytest.approx(0.75 / 0.25)
+    boosted = [SyntheticSample(id=x.id, text=x.text, label=x.label, plm="a", iteration=0,
+                               weight=2.0 if x.id == 0 else 1.0) for x in samples]
+    again = np.array([x.weight for x in weights_from_histogram(boosted, assignment, noisy, bin_labels)[0]])
+    assert again[0] / again[1] == pytest.approx(2.0) and again[:100].sum() == pytest.approx(101 / 141 * 140)
+    partly, stats = weights_from_histogram(samples, assignment, np.array([10.0, 30.0, -4.0, -1.0, -2.0]), bin_labels)
+    assert stats["labels_all_noise"] == 1 and not stats["all_noise_fallback"]
+    assert all(x.weight == pytest.approx(1.0) for x in partly[100:])
+    flat, stats = weights_from_histogram(samples, assignment, -np.ones(5), bin_labels)
     assert stats["all_noise_fallback"] and all(x.weight == pytest.approx(1.0) for x in flat)
 
 

@@ -11,9 +11,9 @@ Why it helps at small M: a per-candidate vote carries at most a handful of votes
 same noise, while a cluster collects M / bins of them; the paper picks K so that the votes per
 cluster stand well above sigma (`votes_per_bin_over_noise` in the stage's record).
 
-`resample.weights` keeps every sample instead and weights it by its bin's noisy share over the bin's share of
-the set (importance weights towards the private records' density, mean 1): the same release, post-processed
-without the draw's duplicates and variance (not in the paper).
+`resample.weights` keeps every sample instead and weights it, within its label, by its bin's noisy share over the
+bin's share of the label's samples (importance weights towards the private records' density; the label mix stays
+the method's): the same release, post-processed without the draw's duplicates and variance (not in the paper).
 
 Differences from the paper, both in the direction of privacy: the paper divides the noisy
 histogram by the exact number of private records (an un-noised count); here the densities are
@@ -105,25 +105,35 @@ def resample_to_histogram(samples: Sequence[SyntheticSample], assignment: np.nda
                     "all_noise_fallback": bool(fallback)}
 
 
-def weights_from_histogram(samples: Sequence[SyntheticSample], assignment: np.ndarray, noisy: np.ndarray
-                           ) -> tuple[list[SyntheticSample], dict]:
-    """Every sample, weighted by (its bin's share of the clipped noisy histogram) / (the bin's share of the
-    samples), times any weight it had (FuseGen's), scaled to mean 1: a weighted classifier then sees the bins in
-    the noisy histogram's proportions, as a resampled set would, with no sample repeated or dropped by chance.
+def weights_from_histogram(samples: Sequence[SyntheticSample], assignment: np.ndarray, noisy: np.ndarray,
+                           bin_labels: np.ndarray) -> tuple[list[SyntheticSample], dict]:
+    """Every sample, weighted within its label by (its bin's share of the label's clipped noisy counts) / (the
+    bin's share of the label's samples), times any weight it had (FuseGen's), then scaled so that each label
+    weighs what it weighed before: a weighted classifier sees each label's clusters in the noisy histogram's
+    proportions, with no sample repeated or dropped by chance, and the label mix stays the method's (moving it
+    to the private records' mix made the probe predict SMS's majority label for every message: docs/dpft.md).
     Bins the noise left at 0 weigh 0. Post-processing only: the histogram is noisy, the bins are public."""
     clipped = np.clip(np.asarray(noisy, dtype=np.float64), 0.0, None)
-    fallback = clipped.sum() <= 0
     sizes = np.bincount(assignment, minlength=len(clipped)).astype(np.float64)
-    if fallback:  # all noise: every bin keeps its own share, the weights stay as they were
-        clipped = sizes.copy()
-    per_bin = (clipped / clipped.sum()) / np.maximum(sizes / len(samples), 1e-12)
     before = np.array([1.0 if x.weight is None else x.weight for x in samples])
-    w = before * per_bin[assignment]
+    w = before.copy()
+    all_noise = 0
+    for label in np.unique(bin_labels):
+        bins = np.flatnonzero(bin_labels == label)
+        rows = np.isin(assignment, bins)
+        if clipped[bins].sum() <= 0:  # all noise: this label keeps its weights
+            all_noise += 1
+            continue
+        per_bin = np.zeros(len(clipped))
+        per_bin[bins] = (clipped[bins] / clipped[bins].sum()) / (sizes[bins] / sizes[bins].sum())
+        w[rows] = before[rows] * per_bin[assignment[rows]]
+        w[rows] *= before[rows].sum() / w[rows].sum()
     w *= len(w) / w.sum()
     out = [replace(x, weight=float(wi)) for x, wi in zip(samples, w)]
     return out, {"bins": len(clipped), "target": len(samples), "kept": len(out), "duplicated": 0,
                  "weighted": True, "zero_weight": int((w == 0).sum()), "max_weight": float(w.max()),
-                 "effective_samples": float(w.sum() ** 2 / (w ** 2).sum()), "all_noise_fallback": bool(fallback)}
+                 "effective_samples": float(w.sum() ** 2 / (w ** 2).sum()), "labels_all_noise": all_noise,
+                 "all_noise_fallback": all_noise == len(np.unique(bin_labels))}
 
 
 def votes_per_bin_over_noise(noisy: np.ndarray, sigma: float) -> float | None:
@@ -153,7 +163,7 @@ def resample_stage(options: ResampleConfig, *, samples: list[SyntheticSample], e
         raise DpsynthError(f"resample: the saved histogram has {len(noisy)} bins, the clustering {len(centroids)}; "
                            "the run cannot resume this stage")
     if options.weights:
-        chosen, stats = weights_from_histogram(samples, assignment, noisy)
+        chosen, stats = weights_from_histogram(samples, assignment, noisy, centroid_labels)
     else:
         target = options.target or len(samples)
         chosen, stats = resample_to_histogram(samples, assignment, noisy, target, np.random.default_rng([seed, 1]))
