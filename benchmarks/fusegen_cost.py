@@ -39,6 +39,7 @@ def settings(args: argparse.Namespace, method: str, examples: int | None) -> dic
     }
     if examples is not None:
         raw["fusegen"]["examples"] = examples
+    raw.pop("fusegen" if method == "zero-shot" else "zero-shot")  # a section for another method is refused
     return raw
 
 

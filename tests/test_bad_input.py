@@ -117,6 +117,18 @@ def test_config_errors(tmp_path: Path) -> None:
         parse_config({**base, "data": {}})
 
 
+def test_a_section_for_another_method_is_refused_not_ignored(tmp_path: Path) -> None:
+    """`method: wasp` beside an `augpe:` section planned wasp's default 6,000 requests without a word; a saved run
+    config (older runs saved a bench base's every section) drops it instead."""
+    base = {**_config(tmp_path, "text,label\na,spam\n"), "method": "wasp", "augpe": {"n": 12, "iterations": 2}}
+    with pytest.raises(DpsynthError, match="augpe: a section for another method .*rename it to wasp: or remove it"):
+        parse_config(base)
+    config = parse_config(base, other_methods="drop")
+    assert set(config.sections) == {"wasp"}
+    proc = _cli("run", str(_write_config(tmp_path, base)), "--dry-run", cwd=tmp_path)
+    _one_line_error(proc, "a section for another method")
+
+
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dpsynth", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=300)
@@ -337,20 +349,21 @@ def test_eval_labels_that_do_not_match_the_run(capsys: pytest.CaptureFixture) ->
 
 def test_option_ranges_are_checked_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     base = _config(tmp_path, "text,label\na,spam\n")
+    other = {k: v for k, v in base.items() if k != "wasp"}  # the base's wasp section is refused beside another method
     for section, bad, needle in (("wasp", {"temperature": -0.5}, "temperature"), ("wasp", {"top_p": 1.5}, "top_p"),
                                  ("dpga", {"keywords_kept": 30}, "keywords_kept=30 exceeds")):
         with pytest.raises(DpsynthError, match=needle):
-            parse_config({**base, "method": section, section: bad})
+            parse_config({**other, "method": section, section: bad})
     from dpsynth.data.public import task_for
     from dpsynth.methods.registry import method_class
 
-    cfg = parse_config({**base, "method": "zero-shot", "zero-shot": {"n": 1}})
+    cfg = parse_config({**other, "method": "zero-shot", "zero-shot": {"n": 1}})
     with pytest.raises(DpsynthError, match="zero-shot.n=1 is smaller than the number of labels"):
         method_class("zero-shot")(cfg).check_task(task_for(cfg))
     cfg = parse_config({**base, "wasp": {"n": 12, "iterations": 2, "q": 8, "s": 2}})
     method_class("wasp")(cfg).check_task(task_for(cfg))
     assert "wasp.q=8 exceeds the samples each label gets per iteration (about 3" in capsys.readouterr().err
-    cfg = parse_config({**base, "method": "augpe", "augpe": {"threshold": 50}})
+    cfg = parse_config({**other, "method": "augpe", "augpe": {"threshold": 50}})
     assert method_class("augpe")(cfg).min_private_records()[0] == 51
 
 
@@ -405,6 +418,8 @@ def test_version_is_exposed(tmp_path: Path) -> None:
 def test_more_config_errors_are_one_line(change: dict, needle: str, tmp_path: Path) -> None:
     """Issue 33's own further cases (docs/bad-input.md rows 23i-23o): each one line, before anything runs."""
     raw = {**_config(tmp_path, "text,label\na,spam\n"), **change}
+    if raw.get("method", "wasp") != "wasp":
+        raw.pop("wasp")  # a section for another method is refused on its own (its test above)
     with pytest.raises(DpsynthError, match=re.escape(needle)):
         parse_config(raw, "c.yaml")
 

@@ -124,6 +124,33 @@ def test_a_crash_after_a_release_never_draws_it_again(crash_after: int, saved: i
         "the requests paid before Ctrl-C count as paid (spend caps), not as cache hits"
 
 
+def test_a_stopped_steps_time_counts_in_the_resumed_runs_wall_time(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C mid-step keeps the step's usage, generator time included, for the resume; its wall time was lost
+    (only checkpoints carried it), so the summary showed more generator time than wall time (a negative share
+    outside generator calls). Requests 13-15 (the stopped step's) take 1.5 s each here, the others none."""
+    import time
+
+    slow = FakeGenerator.generate
+
+    def generate(self, requests, on_result=None):
+        if 12 <= len(FakeGenerator.calls) < 15:
+            time.sleep(1.5)
+        return slow(self, requests, on_result)
+
+    monkeypatch.setattr(FakeGenerator, "generate", generate)
+    cfg = parse_config(_config(tmp_path, "augpe"))  # 12 requests per iteration
+    FakeGenerator.fail_after = 15
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(cfg, tmp_path / "run").execute()
+    FakeGenerator.fail_after = None
+    stop = json.loads((tmp_path / "run" / "checkpoints" / "usage_at_stop.json").read_text())
+    paid_seconds = sum(u["generation_seconds"] for u in stop["usage"].values())
+    assert stop["wall_seconds"] >= paid_seconds >= 1.5
+    Run.resume(tmp_path / "run").execute()
+    timings = json.loads((tmp_path / "run" / "metrics.json").read_text())["timings"]
+    assert timings["wall"] >= max(timings["generator_calls"], stop["wall_seconds"])
+
+
 def test_a_run_stopped_before_it_paid_for_anything_may_start_again_in_its_folder(tmp_path: Path) -> None:
     """A first request refused (a wrong key, a server that is down, Ctrl-C) paid nothing and released nothing:
     no usage file is left, so the corrected run starts in the same folder (docs/bad-input.md row 66)."""

@@ -228,7 +228,7 @@ def test_a_cost_cap_stops_the_run_and_a_raised_cap_resumes_it(llama_server: str,
     stopped = runner.invoke(_typer_app, ["run", str(tmp_path / "run.yaml"), "-o", str(tmp_path / "run")])
     assert isinstance(stopped.exception, SpendCapReached), stopped.output  # `dpsynth` prints it, exit 2
     assert str(stopped.exception).startswith("server-smol: the next request could cross its cap (max_cost 0.0015")
-    at_stop = json.loads((tmp_path / "run" / "checkpoints" / "usage_at_stop.json").read_text())["server-smol"]
+    at_stop = json.loads((tmp_path / "run" / "checkpoints" / "usage_at_stop.json").read_text())["usage"]["server-smol"]
     cost_at_stop = at_stop["prompt_tokens"] * 1e-6 + at_stop["completion_tokens"] * 2e-6
     assert 0 < cost_at_stop <= 0.0015, "the cap held"
     config_path = tmp_path / "run" / "config.yaml"
@@ -237,7 +237,10 @@ def test_a_cost_cap_stops_the_run_and_a_raised_cap_resumes_it(llama_server: str,
     config_path.write_text(yaml.safe_dump(saved))
     finished = runner.invoke(_typer_app, ["run", "--resume", str(tmp_path / "run")])
     assert finished.exit_code == 0, finished.output
-    usage = json.loads((tmp_path / "run" / "metrics.json").read_text())["usage"]["server-smol"]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    usage = metrics["usage"]["server-smol"]
+    # the stopped session's wall time counts, as its generator time does (the summary once showed a negative share)
+    assert metrics["timings"]["wall"] >= metrics["timings"]["generator_calls"] > 0
     assert usage["cached"] > 0, "the resume reused what the stopped run paid for"
     assert usage["cost"] >= cost_at_stop, "and still counts what it paid before the stop"
     assert not (tmp_path / "run" / "checkpoints" / "usage_at_stop.json").exists()

@@ -120,6 +120,8 @@ def cells(bench: BenchConfig) -> list[dict]:
                 for seed in v.seeds or bench.seeds:
                     raw = _merge(bench.base, v.overrides)
                     raw.update(method=v.method if cls is not None else "zero-shot", generators=plms, seed=seed)
+                    for other in set(method_names()) - {raw["method"]}:  # the base's sections for other variants
+                        raw.pop(other, None)
                     if eps is not None:
                         raw = _merge(raw, {"privacy": {"epsilon": eps}})
                     if not private_votes:

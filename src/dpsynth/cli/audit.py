@@ -34,7 +34,7 @@ def audit(
         d = RunDir(run_dir)
         if not d.config.is_file():
             raise DpsynthError(f"{run_dir}: no config.yaml; not a dpsynth run directory")
-        cfg = load_config(d.config)
+        cfg = load_config(d.config, other_methods="drop")
         if d.metrics.is_file():
             reference_wall = json.loads(d.metrics.read_text())["timings"]["wall"]
         out = out or d.root / "audit"

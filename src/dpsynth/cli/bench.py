@@ -16,7 +16,7 @@ def _test_labels(spec) -> list[str] | None:
 
     # only the data section matters here; a federated base would not parse as a (non-federated) zero-shot run
     base = {k: v for k, v in spec.base.items() if k != "federated"}
-    test = load_test(parse_config({**base, "method": "zero-shot"}, "bench base"))
+    test = load_test(parse_config({**base, "method": "zero-shot"}, "bench base", other_methods="drop"))
     return None if test is None else list(test.labels)
 
 

@@ -221,7 +221,7 @@ def gain_lines(run_dir: Path, method: str, evaluation: dict) -> list[str]:
     final = evaluation.get(method)
     if key is None or final is None or "predicted" not in final:
         return []
-    test = load_test(load_config(run_dir / "config.yaml"))
+    test = load_test(load_config(run_dir / "config.yaml", other_methods="drop"))
     if test is None:
         return []
     d = paired_f1_difference({0: final["predicted"]}, {0: evaluation[key]["predicted"]}, list(test.labels),

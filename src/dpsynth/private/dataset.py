@@ -155,8 +155,8 @@ def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_r
         raise DpsynthError(f"{where}: the number of private samples is smaller than {min_records[1]}")
     if config.privacy.delta >= 1.0 / m:
         raise DpsynthError(
-            f"privacy.delta={config.privacy.delta:g} is not < 1/M for this private set (M records); such a delta "
-            "allows leaking a whole record. Use e.g. 1e-5")
+            f"{where}: privacy.delta={config.privacy.delta:g} is not < 1/M, M being the number of private records "
+            "(not shown: it is private); such a delta allows leaking a whole record. Use e.g. 1e-5")
 
 
 def open_central_holder(config: RunConfig, task: TaskSpec, *, min_records: tuple[int, str], load: bool,

@@ -2,12 +2,15 @@
 
 Each method section (`wasp:`, `augpe:`, ...) is validated by the registered method's own
 options model; the run's method gets its defaults when its section is absent, and any other
-top-level key that is not a registered method is an error.
+top-level key that is not a registered method is an error. A section for another method is refused in a
+config a user gives (its settings would be silently ignored: `method: wasp` beside an `augpe: {n: 12}` section
+planned wasp's default 6,000 requests); configs saved by a run or assembled by a bench drop it instead.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import ValidationError
@@ -17,9 +20,11 @@ from dpsynth.errors import DpsynthError
 from dpsynth.llm.registry import backend_names
 from dpsynth.methods.registry import method_class, method_names
 
+OtherMethods = Literal["refuse", "drop"]
 
-def load_config(path: Path) -> RunConfig:
-    return parse_config(read_config(path), str(path))
+
+def load_config(path: Path, other_methods: OtherMethods = "refuse") -> RunConfig:
+    return parse_config(read_config(path), str(path), other_methods=other_methods)
 
 
 def read_config(path: Path) -> dict:
@@ -63,7 +68,9 @@ def read_yaml_mapping(path: Path, what: str, holding: str) -> dict:
     return raw
 
 
-def parse_config(raw: dict, where: str = "config") -> RunConfig:
+def parse_config(raw: dict, where: str = "config", *, other_methods: OtherMethods = "refuse") -> RunConfig:
+    """`other_methods`: "refuse" a section for a method other than the run's (a user's config), or "drop" it (a
+    run directory's saved config: runs before 2026-11-27 saved every section a bench's base held)."""
     try:
         config = RunConfig.model_validate(raw)
     except ValidationError as err:
@@ -75,6 +82,12 @@ def parse_config(raw: dict, where: str = "config") -> RunConfig:
     for key in list(extra):
         if key not in names:
             raise DpsynthError(f"{where}: {key}: unknown section (method sections are: {', '.join(names)})")
+        if key != config.method and other_methods == "drop":
+            del extra[key]
+        elif key != config.method:
+            raise DpsynthError(f"{where}: {key}: a section for another method (this run's method is "
+                               f"{config.method}), so its settings would be ignored; rename it to {config.method}: "
+                               f"or remove it")
     extra.setdefault(config.method, {})
     for key in list(extra):
         cls = method_class(key)

@@ -116,7 +116,7 @@ class Run:
             hint = (" (a run stopped before it wrote its config spent nothing: start it again with `dpsynth run "
                     f"CONFIG -o {d.root}`)" if d.lock.exists() else "")
             raise DpsynthError(f"{d.root}: no config.yaml; not a dpsynth run directory{hint}")
-        return cls(load_config(d.config), d.root, **kw)
+        return cls(load_config(d.config, other_methods="drop"), d.root, **kw)
 
     def close(self) -> None:
         """Let another process run or resume the directory (also happens when this process exits)."""
@@ -192,7 +192,9 @@ class Run:
                      state.next_iteration, ledger.spent().epsilon, len(restored))
         usage = {g.display_name: Usage(prices=prices(g)) for g in cfg.generators}
         if self.dir.usage_at_stop.exists():  # the run stopped mid-step: the requests it paid for still count
-            usage_saved = json.loads(self.dir.usage_at_stop.read_text())
+            usage_saved, wall_at_stop = _read_usage_at_stop(self.dir.usage_at_stop)
+            # and so does its time, or the generator time it carries would exceed the wall time
+            self._wall_before = max(self._wall_before, wall_at_stop)
         for name, u in usage_saved.items():
             if name in usage:
                 usage[name] = Usage(**u)
@@ -298,8 +300,9 @@ class Run:
                 # SIGKILL's is recovered from the cache's payers at resume: count_unrecorded_payments). A step that
                 # paid nothing leaves no file: the run may start afresh.
                 if _paid(live.usage) != paid_before:
-                    atomic_write_text(self.dir.usage_at_stop,
-                                      json.dumps({k: asdict(u) for k, u in live.usage.items()}))
+                    atomic_write_text(self.dir.usage_at_stop, json.dumps({
+                        "format": USAGE_AT_STOP_FORMAT, "wall_seconds": self._wall(),
+                        "usage": {k: asdict(u) for k, u in live.usage.items()}}))
                 raise
         return self._finish(live)
 
@@ -497,3 +500,15 @@ def _count_load(timings: dict[str, float], loads: list[tuple[float, float]], sec
     around it leaves it out (`StepContext.add_time`)."""
     timings["load_models"] = timings.get("load_models", 0.0) + seconds
     loads.append((time.perf_counter() - seconds, seconds))
+
+
+USAGE_AT_STOP_FORMAT = 2
+
+
+def _read_usage_at_stop(path: Path) -> tuple[dict, float]:
+    """(usage by generator, wall seconds) of a run stopped mid-step; a file written before 2026-11-27 holds the
+    usage alone (its wall time is then the last checkpoint's)."""
+    saved = json.loads(path.read_text())
+    if saved.get("format") == USAGE_AT_STOP_FORMAT and isinstance(saved.get("usage"), dict):
+        return saved["usage"], float(saved["wall_seconds"])
+    return saved, 0.0
