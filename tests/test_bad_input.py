@@ -117,6 +117,18 @@ def test_config_errors(tmp_path: Path) -> None:
         parse_config({**base, "data": {}})
 
 
+def test_a_data_file_given_as_the_config_says_so(tmp_path: Path) -> None:
+    data = _csv(tmp_path, "text,label\nhello: there,spam\n", "notes.csv")
+    _one_line_error(_cli("run", str(data), "--dry-run", cwd=tmp_path), "a data file, not a run config")
+
+
+def test_every_method_is_named_in_budgets_help(tmp_path: Path) -> None:
+    from dpsynth.methods.registry import method_names
+
+    out = _cli("budget", "--help", cwd=tmp_path).stdout
+    assert all(name in out for name in method_names()), out
+
+
 def test_a_section_for_another_method_is_refused_not_ignored(tmp_path: Path) -> None:
     """`method: wasp` beside an `augpe:` section planned wasp's default 6,000 requests without a word; a saved run
     config (older runs saved a bench base's every section) drops it instead."""

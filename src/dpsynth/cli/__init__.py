@@ -24,6 +24,7 @@ _typer_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # a docstring's wrapped lines join into one paragraph, as in the source
     help="Differentially private synthetic text from several language models.",
 )
 

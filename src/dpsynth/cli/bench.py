@@ -46,9 +46,10 @@ def bench(
         None, "--only", help="Run only this variant (repeatable) and the variants it is compared with; finished "
         "cells of the others are still reported."),
 ) -> None:
-    """Resumable grid; writes results.csv, results.md (Table-1 shape) and report.html. Several processes may
-    run one grid into the same directory (one per core; Linux and macOS): each cell is run by one of them, and
-    each waits for the cells the others run before it reports."""
+    """Compare methods over a resumable grid: results.csv, results.md (Table-1 shape), report.html.
+
+    Several processes may run one grid into the same directory (one per core; Linux and macOS): each cell is run
+    by one of them, and each waits for the cells the others run before it reports."""
     from dpsynth.bench.grid import load_bench, run_grid
     from dpsynth.bench.report import html_report, markdown_table
     from dpsynth.bench.stats import paired_markdown

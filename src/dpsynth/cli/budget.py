@@ -47,7 +47,10 @@ def budget(
     relabel_share: float | None = typer.Option(None, "--relabel-share",
                                                   help="Add a DP label-correction stage with this share of epsilon."),
 ) -> None:
-    """Calibrate the noise for a target epsilon, or compute the epsilon of a vote sigma."""
+    """Calibrate the noise for a target epsilon, or compute the epsilon of a vote sigma.
+
+    METHOD: augpe, dpft, dpga, fedgen, fusegen, popri, wasp or zero-shot (with its options below); or give
+    --config RUN.yaml to plan exactly that run."""
     if config is not None:
         plan = plan_privacy(load_config(Path(config)))
         if sigma is not None or epsilon is not None:

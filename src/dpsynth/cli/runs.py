@@ -51,7 +51,10 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the privacy plan and the requests, tokens and "
                                  "cost the run will ask for; release nothing, send nothing, write nothing."),
 ) -> None:
-    """Run a method (WASP by default) on your private data, or resume an interrupted run."""
+    """Run a method (WASP by default) on your private data, or resume an interrupted run.
+
+    CONFIG: the run config (YAML: data, task, generators, the method's section, privacy; README, "Use it on your
+    data"). Not the data file itself: the config's data.private names that."""
     if dry_run:
         if config is None or resume is not None:
             raise DpsynthError("--dry-run plans a new run: give CONFIG (not --resume)")
@@ -72,8 +75,10 @@ def demo(
     n: int | None = typer.Option(None, "--n", help="Override the number of synthetic samples."),
     wasp: bool = typer.Option(False, "--wasp", help="Run WASP on Rotten Tomatoes instead (M=100, eps=4)."),
 ) -> None:
-    """Two local PLMs write SMS messages zero-shot and one DP release of 100 private messages corrects their
-    labels (eps=4); prints the gain over the same texts without the private data. --wasp: WASP instead."""
+    """The demo: zero-shot SMS messages from two local PLMs, labels corrected by one DP release (eps=4).
+
+    Two local PLMs write SMS messages zero-shot and one DP release of 100 private messages corrects their labels;
+    prints the gain over the same texts without the private data. --wasp: WASP on Rotten Tomatoes instead."""
     import yaml
 
     raw = yaml.safe_load(files("dpsynth.configs").joinpath("demo_wasp.yaml" if wasp else "demo.yaml").read_text())
@@ -143,7 +148,8 @@ def progress_bars() -> Iterator[tuple[Progress, Callable[[str, int, int], None]]
 def _print_summary(run_dir: Path, result: dict) -> None:
     metrics = result["metrics"]
     console.rule(f"dpsynth: {metrics['method']} run finished")
-    console.print(f"outputs: {run_dir}/synthetic.jsonl, privacy.json, metrics.json, run.log, checkpoints/")
+    console.print(f"outputs: {run_dir}/synthetic.jsonl (and .parquet), README.md (the dataset card), privacy.json, "
+                  "metrics.json, run.log, checkpoints/")
     console.print("[bold]privacy[/bold]")
     for line in result["summary"]:
         console.print(f"  {line}")
