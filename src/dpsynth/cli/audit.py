@@ -15,8 +15,8 @@ from dpsynth.runs.config import load_config
 def audit(
     config: Path | None = typer.Argument(None, help="Run configuration (YAML) to audit."),
     run_dir: Path | None = typer.Option(None, "--run", help="Audit the configuration of this existing run."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Audit directory (default: <run>/audit or "
-                                       "audits/<config name>); an interrupted audit resumes there."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Audit directory (default: RUN/audit or "
+                                       "audits/CONFIG); an interrupted audit resumes there."),
     canaries: int = typer.Option(64, "--canaries", min=2, help="Canaries planted (each in or out by a fair coin)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the canaries and their coins (recorded in audit.json)."),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the lower bound."),

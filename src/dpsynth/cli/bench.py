@@ -40,7 +40,8 @@ def majority_line(labels: list[str] | None) -> str:
 
 def bench(
     config: Path = typer.Argument(..., help="Bench configuration (YAML): base run config, variants, epsilons, seeds."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Output directory (default: bench/<name>)."),
+    out: Path | None = typer.Option(None, "--out", "-o",
+                                    help="Output directory (default: bench/ and the bench's name)."),
     run: bool = typer.Option(True, "--run/--report-only", help="--report-only: tables of the finished cells only."),
     only: list[str] | None = typer.Option(
         None, "--only", help="Run only this variant (repeatable) and the variants it is compared with; finished "

@@ -11,7 +11,8 @@ from dpsynth.errors import DpsynthError
 
 
 def party_ledger(
-    path: Path = typer.Argument(..., help="The party's ledger (default location: <data file>.privacy-ledger.json)."),
+    path: Path = typer.Argument(..., help="The party's ledger (default location: DATA.privacy-ledger.json, beside "
+                                "the data file)."),
     delta: float | None = typer.Option(None, "--delta", help="Report epsilon at this delta (default: the "
                                           "ledger's own)."),
 ) -> None:

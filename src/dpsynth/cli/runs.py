@@ -46,7 +46,7 @@ def _print_whole(renderable: RenderableType) -> None:
 
 def run(
     config: Path | None = typer.Argument(None, help="Run configuration (YAML)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Run directory (default: runs/<time>)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run directory (default: runs/ and the start time)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this directory."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the privacy plan and the requests, tokens and "
                                  "cost the run will ask for; release nothing, send nothing, write nothing."),
