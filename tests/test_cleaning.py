@@ -29,3 +29,12 @@ def test_the_example_format_is_still_recognised_with_its_colon() -> None:
         "A warm, funny and moving film.", "ok")
     assert clean_generation("A warm, funny and moving film about friends.") == (
         "A warm, funny and moving film about friends.", "ok")
+
+
+def test_a_blank_left_unfilled_is_dropped_and_an_underscore_in_a_word_is_not() -> None:
+    """Aug-PE's fill-in-the-blank answers sometimes keep the prompt's blanks ("The _ notes on the _ joints")."""
+    for text in ("The _ notes on the _ joints of the knee", "_ patient reports mild pain today",
+                 "Pain in the left knee, worse at __.", "Pain in the left knee (_) since Monday"):
+        assert clean_generation(text) == (None, "unfilled_blank"), text
+    for text in ("Write to john_doe@example.com about the refund", "The snake_case name is fine here"):
+        assert clean_generation(text)[1] == "ok", text

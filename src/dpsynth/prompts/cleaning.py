@@ -27,6 +27,8 @@ _ECHO_MARKERS = (
     "analyze the differences",
     " is: \"",
 )
+# a blank left as it was ("The _ notes on the _ joints"): Aug-PE's fill-in-the-blank prompt shows blanks as "_"
+_UNFILLED_BLANK = re.compile(r"""(?:^|[\s(\['"])_+(?=[\s.,;:!?)\]'"]|$)""")
 MIN_WORDS = 3
 
 
@@ -40,7 +42,8 @@ class CleaningStats:
 
 
 def clean_generation(raw: str) -> tuple[str | None, str]:
-    """(clean text, 'ok') or (None, reason): empty, preamble_only, prompt_echo, too_short, degenerate."""
+    """(clean text, 'ok') or (None, reason): empty, preamble_only, prompt_echo, unfilled_blank, too_short,
+    degenerate."""
     text = raw.strip()
     text = text.split("\n\n")[0].strip()
     example = _EXAMPLE_FORMAT.match(text) if ":" in text else None  # the format has a colon; most texts do not
@@ -56,6 +59,8 @@ def clean_generation(raw: str) -> tuple[str | None, str]:
     lowered = text.lower()
     if any(marker in lowered for marker in _ECHO_MARKERS):
         return None, "prompt_echo"
+    if "_" in text and _UNFILLED_BLANK.search(text):
+        return None, "unfilled_blank"
     words = lowered.split()
     if len(words) < MIN_WORDS:
         return None, "too_short"
