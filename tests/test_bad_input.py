@@ -389,6 +389,17 @@ def test_an_embedder_that_cannot_load_fails_before_the_run_directory(tmp_path: P
     assert not (tmp_path / "r").exists()
 
 
+def test_a_transformers_model_that_cannot_load_fails_before_the_run_directory(tmp_path: Path) -> None:
+    """It passed --dry-run, then the run made its directory and spent about 50 s on the Hub's retries before
+    failing at model load; now one line in --dry-run and before the run directory (offline or no such model)."""
+    rows = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(20))
+    cfg = {**_config(tmp_path, rows), "generators": [{"kind": "transformers", "model": "nope/not-a-model"}]}
+    path = _write_config(tmp_path, cfg)
+    _one_line_error(_cli("run", str(path), "--dry-run", cwd=tmp_path), "transformers model 'nope/not-a-model'")
+    _one_line_error(_cli("run", str(path), "-o", str(tmp_path / "r"), cwd=tmp_path), "transformers model")
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_context_too_small_for_the_prompts_fails_before_any_release(tmp_path: Path) -> None:
     """Issue 33: `n_ctx: 32` crashed with a broadcast error after iteration 0's release was charged; now the
     config is refused when parsed."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import create_owner_only
+from dpsynth.hub import check_hub_model
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -92,30 +93,10 @@ def test_set_embedder(embedder: Embedder) -> CachedEmbedder:
 def check_embedder_available(model: str) -> None:
     """Fail in one line, before a run makes its directory or spends anything, when the embedder cannot load:
     not the packaged default, not a local folder, not in the Hugging Face cache, and not on a reachable Hub."""
-    if model == DEFAULT_EMBEDDER or Path(model).expanduser().is_dir():
+    if model == DEFAULT_EMBEDDER:
         return
-    if Path(model).expanduser().exists():
-        raise DpsynthError(f"embedder '{model}' is a file; give a sentence-transformers model folder or a Hub id")
-    try:
-        from huggingface_hub import model_info, snapshot_download
-        from huggingface_hub.errors import RepositoryNotFoundError
-    except ImportError as err:
-        raise DpsynthError("embeddings need sentence-transformers: pip install 'dpsynth[local]'") from err
-    try:
-        snapshot_download(model, local_files_only=True)
-        return
-    except Exception:  # noqa: BLE001 - anything here means "not in the local cache": ask the Hub next
-        pass
-    try:
-        model_info(model, timeout=10)
-    except RepositoryNotFoundError:
-        raise DpsynthError(f"embedder '{model}' is not a local folder and the Hugging Face Hub has no such model; "
-                           f"check the name or use the default {DEFAULT_EMBEDDER}") from None
-    except Exception as err:  # noqa: BLE001 - no network, a proxy, an HTTP error: the Hub cannot be reached
-        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
-        raise DpsynthError(f"embedder '{model}' is neither a local folder nor in the Hugging Face cache, and the Hub "
-                           f"cannot be reached ({reason}); give a local sentence-transformers folder or use the "
-                           f"default {DEFAULT_EMBEDDER}") from None
+    check_hub_model(model, "embedder", f"give a local sentence-transformers folder or use the default "
+                    f"{DEFAULT_EMBEDDER}")
 
 
 def resolve_model_path(model: str) -> str:

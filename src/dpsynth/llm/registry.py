@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 
 from dpsynth.config import GeneratorConfig
 from dpsynth.errors import DpsynthError
+from dpsynth.hub import check_hub_model
 from dpsynth.llm.base import Generator
 
 Factory = Callable[[GeneratorConfig], Generator]
@@ -54,6 +55,9 @@ def check_generator(cfg: GeneratorConfig) -> None:
 
     if cfg.kind == "llama_cpp" and cfg.model not in LOCAL_MODELS:
         resolve_local_model(cfg.model)
+    if cfg.kind == "transformers" and cfg.model not in LOCAL_MODELS and not cfg.model.endswith(".gguf"):
+        check_hub_model(cfg.model, f"generator {cfg.display_name}: transformers model",
+                        "give a local model folder, a known local model or a .gguf file")
     if cfg.kind == "openai" and cfg.base_url is None and os.environ.get(cfg.api_key_env) is None:
         raise DpsynthError(f"generator {cfg.display_name}: environment variable {cfg.api_key_env} is not set; export "
                            "your API key there (or give base_url for a server that needs none)")
