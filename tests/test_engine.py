@@ -85,6 +85,9 @@ def test_every_method_runs_and_pays_what_budget_plans(method: str, labels: str |
     assert (tmp_path / "run" / "synthetic.jsonl").read_text().count("\n") >= 6
     card = (tmp_path / "run" / "README.md").read_text()  # the un-noised checks are stated where data was read
     assert ("Checked without noise before the run starts" in card) == privacy["private_records_read"]
+    if privacy["events"]:  # the guarantee in plain words, from the same ledger (eps=2 here: at most 11% at 5%)
+        caught = privacy["membership_test"]["detection_rate_at_most"]
+        assert 0.05 < caught < 0.2 and f"can be right about at most {caught:.0%} of those who were" in card
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     private_time = {"voting", "training", "data_holder"}  # runs/outputs.py: PRIVATE_TIMINGS
     assert not private_time & set(metrics["timings"]), "private-side time (it grows with M) stays out of metrics.json"

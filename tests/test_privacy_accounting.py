@@ -313,3 +313,23 @@ def test_a_nan_budget_is_refused() -> None:
 
     with pytest.raises(DpsynthError, match="epsilon must be > 0"):
         PrivacyLedger(float("nan"), 1e-5)
+
+
+def test_the_membership_test_bound_is_gdps_tradeoff_and_the_privacy_profile_agrees() -> None:
+    """The plain-words guarantee: at eps=4, delta=1e-5 (mu 0.925) a membership test with 5% false alarms catches at
+    most 23.6% (Phi(Phi^-1(0.05) + mu)); the privacy-profile bound used for non-Gaussian runs gives the same on the
+    same Gaussian (to the PLD's discretisation), and one (eps, delta) pair alone would allow e^4 x 5% > 100%."""
+    from scipy.stats import norm
+
+    from dpsynth.privacy.accountant import membership_test_power
+
+    mu = gdp_mu_for(4.0, 1e-5)
+    gaussian = [GaussianEvent(name="v", sensitivity=1.0, sigma=1 / mu)]
+    exact = membership_test_power(gaussian, 0.05)
+    assert exact == pytest.approx(norm.cdf(norm.ppf(0.05) + mu)) and exact == pytest.approx(0.2358, abs=1e-4)
+    profile = membership_test_power([*gaussian, PureDpEvent(name="p", epsilon=1e-9)], 0.05)
+    assert exact <= profile <= exact + 1e-3
+    assert membership_test_power([], 0.05) == 0.05
+    assert membership_test_power(gaussian, 0.01) < exact < membership_test_power(gaussian, 0.2)
+    sgd = [SubsampledGaussianEvent(name="t", count=300, sampling_rate=0.05, noise_multiplier=1.0)]
+    assert 0.05 < membership_test_power(sgd, 0.05) < 1.0

@@ -265,6 +265,31 @@ def _gdp_log_delta(mu: float, epsilon: float) -> tuple[float, float]:
     return first + math.log(gap), error
 
 
+def membership_test_power(events: Sequence[PrivacyEvent], false_positive_rate: float,
+                          adjacency: Adjacency = Adjacency.ADD_REMOVE) -> float:
+    """The most a test of "was this record (person) in the private data?" can catch, for a given rate of false
+    alarms, from everything the events released: the run's guarantee in plain words (the largest over groups of
+    records). A group with only Gaussian releases is mu-GDP, whose trade-off is exact: Phi(Phi^-1(fpr) + mu). Other
+    groups use their whole privacy profile: power <= min over epsilon of e^eps fpr + delta(eps) (each (eps, delta)
+    pair bounds it; one pair alone is loose: at eps=4 it allows power 1 for any false-alarm rate above 2%)."""
+    from scipy.stats import norm
+
+    if not 0 < false_positive_rate < 1:
+        raise ValueError(f"false_positive_rate must be in (0, 1), got {false_positive_rate}")
+    powers = [false_positive_rate]
+    for group in scope_groups(events).values():
+        if _gaussian_only(group):
+            powers.append(float(norm.cdf(norm.ppf(false_positive_rate) + gaussian_mu(group))))
+            continue
+        pld = _pld(group, adjacency)
+        if pld is None:
+            continue
+        eps = [i * 0.05 for i in range(601)]  # epsilon 0..30, one vectorised call
+        deltas = pld.get_delta_for_epsilon(eps)
+        powers.append(min(math.exp(e) * false_positive_rate + float(d) for e, d in zip(eps, deltas)))
+    return min(1.0, max(powers))
+
+
 def gdp_mu_for(epsilon: float, delta: float) -> float:
     """The mu for which mu-GDP is exactly (epsilon, delta)-DP."""
     from scipy import optimize

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from dpsynth.fs import atomic_write_text
-from dpsynth.privacy.accountant import epsilon_tight, gaussian_mu, primary_accountant, scope_groups
+from dpsynth.privacy.accountant import (
+    epsilon_tight,
+    gaussian_mu,
+    membership_test_power,
+    primary_accountant,
+    scope_groups,
+)
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import DPSGD_NOISE
 
@@ -54,6 +60,8 @@ def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, An
         },
         "events": ledger.to_dict()["events"],
     }
+    if private and ledger.events:
+        report["membership_test"] = membership_test(ledger, report["delta"])
     if not private:
         report["non_private_releases"] = list(ledger.non_private_releases)
         report["warning"] = "NOT DP: votes were released without noise (epsilon = inf reference run)"
@@ -62,6 +70,21 @@ def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, An
         if "paper_formula" in plan and private:
             report["paper_formula"] = plan["paper_formula"]
     return report
+
+
+FALSE_ALARM_RATE = 0.05
+
+
+def membership_test(ledger: PrivacyLedger, run_delta: float) -> dict[str, Any]:
+    """The guarantee in plain words: the most a membership test can catch at a 5% false-alarm rate. Where the run's
+    delta exceeds the accountant's (a SecAgg+ reserve), the difference is added: that much probability is not
+    covered by the events."""
+    power = membership_test_power(ledger.events, FALSE_ALARM_RATE, ledger.adjacency)
+    power = min(1.0, power + max(0.0, run_delta - ledger.delta))
+    return {"false_alarm_rate": FALSE_ALARM_RATE, "detection_rate_at_most": power,
+            "meaning": "any test of whether one unit of privacy (a record, or a person's records) was in the private "
+                       "data, run on everything this run released, that wrongly says 'in' for 5% of those not in it "
+                       "says 'in' for at most this share of those in it (guessing: 5%)"}
 
 
 def _is_training(release: str) -> bool:
@@ -83,6 +106,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"epsilon spent: {report['epsilon']:.4f} at delta={report['delta']:g} "
         f"(budget {report['epsilon_budget'] or 'inf'}; RDP cross-check {_fmt(acc['epsilon_rdp'])})",
         f"accountant: {acc['primary']}",
+        *([f"in plain words: a test of whether a {report['assumptions'].get('unit', 'record').split(' ')[0]} "
+           f"was in the private data that wrongly says yes for 5% of "
+           f"those not in it catches at most {report['membership_test']['detection_rate_at_most']:.0%} of those "
+           f"in it"] if report.get("membership_test") else []),
         f"noise: {report['noise']['mode']}",
         "assumptions: " + "; ".join(f"{k}={v}" for k, v in report["assumptions"].items()),
     ]

@@ -78,6 +78,7 @@ def privacy_facts(config: RunConfig, privacy: dict[str, Any]) -> dict[str, Any]:
         "noise": privacy.get("noise", {}).get("mode"),
         "dp_sgd_noise": privacy.get("noise", {}).get("dp_sgd"),
         "checked_on_private_data": assumptions.get("checked_on_private_data"),
+        "membership_test": privacy.get("membership_test"),
     }
 
 
@@ -100,6 +101,14 @@ def privacy_statement(facts: dict[str, Any]) -> str:
             f"{len(facts['releases'])} noisy release(s) ({', '.join(facts['releases'])}), accounted with "
             f"{facts['accountant']}; everything else, these texts included, is post-processing of those "
             f"releases. Noise: {facts['noise']}.")
+    test = facts.get("membership_test")
+    if test:
+        one = "a given record" if unit == "record" else f"a given {unit.split(' ')[0]}"
+        text += (f" In plain words: anyone who tries to tell from everything this run released whether {one} was "
+                 f"in the private data, and accepts "
+                 f"being wrong about {test['false_alarm_rate']:.0%} of those who were not, can be right about at "
+                 f"most {test['detection_rate_at_most']:.0%} of those who were (by guessing: "
+                 f"{test['false_alarm_rate']:.0%}).")
     if facts["dp_sgd_noise"]:
         text += f" DP-SGD's noise: {facts['dp_sgd_noise']}."
     checked = facts["checked_on_private_data"]
