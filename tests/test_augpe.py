@@ -210,3 +210,35 @@ def test_output_selected_plans_one_population_fewer() -> None:
     for output, requests in (("last", 60), ("all", 60), ("selected", 40)):
         cfg = parse_config({**base, "augpe": {"n": 20, "iterations": 3, "output": output}})
         assert method_class("augpe")(cfg).planned_requests(6) == requests
+
+
+@pytest.mark.parametrize("began,resumed", [("selected", "last"), ("last", "selected")])
+def test_a_resume_under_another_output_is_refused_before_it_asks_or_releases(began: str, resumed: str, tmp_path,
+                                                                               monkeypatch) -> None:
+    """`selected` never generates the last population and `last` never keeps the last vote's parents: resumed
+    under the other output, the run generated it (12 requests unplanned) or released the last vote, then was
+    refused at its output; now refused at the step's start, before either."""
+    from fakes import FakeGenerator
+
+    from dpsynth.runs.engine import Run
+
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    csv = tmp_path / "private.csv"
+    csv.write_text("text,label\n" + "".join(f"review {i} of a film,{'pos' if i % 2 else 'neg'}\n" for i in range(20)))
+    cfg = parse_config({"method": "augpe", "data": {"private": str(csv)},
+                        "task": {"text_kind": "review", "labels": {"pos": "positive", "neg": "negative"}},
+                        "generators": [{"kind": "fake", "model": "a"}],
+                        "augpe": {"n": 8, "iterations": 3, "output": began},
+                        "privacy": {"epsilon": 2.0, "delta": 1e-3}, "evaluate": False, "seed": 3})
+    FakeGenerator.calls, FakeGenerator.fail_after = [], 12  # stopped in iteration 1, after iteration 0's checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(cfg, tmp_path / "run").execute()
+    FakeGenerator.fail_after = None
+    config = tmp_path / "run" / "config.yaml"
+    config.write_text(config.read_text().replace(f"output: {began}", f"output: {resumed}"))
+    asked = len(FakeGenerator.calls)
+    releases = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "releases").glob("*.json"))
+    with pytest.raises(DpsynthError, match=f"restore augpe.output: {began}"):
+        Run.resume(tmp_path / "run").execute()
+    assert len(FakeGenerator.calls) == asked, "nothing asked"
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "releases").glob("*.json")) == releases

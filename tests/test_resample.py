@@ -91,6 +91,12 @@ def test_weights_give_each_labels_bins_the_noisy_shares_and_keep_the_label_mix()
                                weight=2.0 if x.id == 0 else 1.0) for x in samples]
     again = np.array([x.weight for x in weights_from_histogram(boosted, assignment, noisy, bin_labels)[0]])
     assert again[0] / again[1] == pytest.approx(2.0) and again[:100].sum() == pytest.approx(101 / 141 * 140)
+    per_bin = np.bincount(assignment, weights=again)
+    assert per_bin[:3] / per_bin[:3].sum() == pytest.approx([0.25, 0.75, 0.0]), "the histogram's shares, weighted"
+    unweighted = [SyntheticSample(id=x.id, text=x.text, label=x.label, plm="a", iteration=0,
+                                  weight=0.0 if 130 <= x.id else 1.0) for x in samples]  # bin 4 weighs nothing
+    kept, stats = weights_from_histogram(unweighted, assignment, np.array([10.0, 30.0, -4.0, -1.0, 15.0]), bin_labels)
+    assert stats["labels_all_noise"] == 1 and np.isfinite([x.weight for x in kept]).all()
     partly, stats = weights_from_histogram(samples, assignment, np.array([10.0, 30.0, -4.0, -1.0, -2.0]), bin_labels)
     assert stats["labels_all_noise"] == 1 and not stats["all_noise_fallback"]
     assert all(x.weight == pytest.approx(1.0) for x in partly[100:])

@@ -178,6 +178,7 @@ class AugPE(Method[AugPEOptions, AugPEState]):
             state.output = a.output
             make_requests = zero_shot_requests(task, settings, seed, "random_api")
         else:
+            self._check_output_unchanged(state)  # before this step's vote or requests
             empty = [label for label, count in plans[0].per_label.items()
                      if count > 0 and not any(x.label == label for x in state.population)]
             if empty:  # checked before the votes are released: nothing to vary, and nothing spent on it
@@ -230,10 +231,15 @@ class AugPE(Method[AugPEOptions, AugPEState]):
                                    f"iteration {t}: embed + vote + noise")
         return apply_threshold(noisy, a.threshold)
 
-    def final_samples(self, state: AugPEState) -> list[SyntheticSample]:
-        if state.output not in (None, self.options.output):  # `selected` never generates the last population
+    def _check_output_unchanged(self, state: AugPEState) -> None:
+        """`selected` never generates the last population and `last` never keeps the last vote's parents: a run
+        resumed under the other one would pay for requests or a release its output then cannot use."""
+        if state.output not in (None, self.options.output):
             raise DpsynthError(f"augpe.output is {self.options.output} but this run began with {state.output}; "
                                f"restore augpe.output: {state.output} to resume it")
+
+    def final_samples(self, state: AugPEState) -> list[SyntheticSample]:
+        self._check_output_unchanged(state)
         if self.options.output == "selected":
             return list(state.selected)
         return state.earlier + state.population if self.options.output == "all" else list(state.population)

@@ -108,26 +108,27 @@ def resample_to_histogram(samples: Sequence[SyntheticSample], assignment: np.nda
 def weights_from_histogram(samples: Sequence[SyntheticSample], assignment: np.ndarray, noisy: np.ndarray,
                            bin_labels: np.ndarray) -> tuple[list[SyntheticSample], dict]:
     """Every sample, weighted within its label by (its bin's share of the label's clipped noisy counts) / (the
-    bin's share of the label's samples), times any weight it had (FuseGen's), then scaled so that each label
-    weighs what it weighed before: a weighted classifier sees each label's clusters in the noisy histogram's
+    bin's share of the label's weight: samples count 1, or the weight they had, e.g. FuseGen's, whose ratios within
+    a bin are kept), then scaled so that each label weighs what it weighed before: a weighted classifier sees each
+    label's clusters in the noisy histogram's
     proportions, with no sample repeated or dropped by chance, and the label mix stays the method's (moving it
     to the private records' mix made the probe predict SMS's majority label for every message: docs/dpft.md).
     Bins the noise left at 0 weigh 0. Post-processing only: the histogram is noisy, the bins are public."""
     clipped = np.clip(np.asarray(noisy, dtype=np.float64), 0.0, None)
-    sizes = np.bincount(assignment, minlength=len(clipped)).astype(np.float64)
     before = np.array([1.0 if x.weight is None else x.weight for x in samples])
+    mass = np.bincount(assignment, weights=before, minlength=len(clipped))  # each bin's weight so far
     w = before.copy()
     all_noise = 0
     for label in np.unique(bin_labels):
         bins = np.flatnonzero(bin_labels == label)
         rows = np.isin(assignment, bins)
-        if clipped[bins].sum() <= 0:  # all noise: this label keeps its weights
+        if (clipped[bins] * (mass[bins] > 0)).sum() <= 0:  # all noise (where the label has weight): kept as it was
             all_noise += 1
             continue
-        per_bin = np.zeros(len(clipped))
-        per_bin[bins] = (clipped[bins] / clipped[bins].sum()) / (sizes[bins] / sizes[bins].sum())
-        w[rows] = before[rows] * per_bin[assignment[rows]]
-        w[rows] *= before[rows].sum() / w[rows].sum()
+        share = np.zeros(len(clipped))
+        share[bins] = np.where(mass[bins] > 0, clipped[bins], 0.0) / (clipped[bins] * (mass[bins] > 0)).sum()
+        per_bin = np.divide(share, mass, out=np.zeros(len(clipped)), where=mass > 0)
+        w[rows] = before[rows] * per_bin[assignment[rows]] * before[rows].sum()
     w *= len(w) / w.sum()
     out = [replace(x, weight=float(wi)) for x, wi in zip(samples, w)]
     return out, {"bins": len(clipped), "target": len(samples), "kept": len(out), "duplicated": 0,

@@ -75,12 +75,17 @@ def privacy_report(ledger: PrivacyLedger, *, noise_mode: str, plan: dict[str, An
 FALSE_ALARM_RATE = 0.05
 
 
+def percent_at_most(share: float) -> str:
+    """A bound as a percentage rounded up (to 0.1%), never below the bound it states: 0.0841 -> '8.5%'."""
+    return f"{math.ceil(round(share * 1000, 9)) / 10:.1f}%"
+
+
 def membership_test(ledger: PrivacyLedger, run_delta: float) -> dict[str, Any]:
     """The guarantee in plain words: the most a membership test can catch at a 5% false-alarm rate. Where the run's
-    delta exceeds the accountant's (a SecAgg+ reserve), the difference is added: that much probability is not
-    covered by the events."""
-    power = membership_test_power(ledger.events, FALSE_ALARM_RATE, ledger.adjacency)
-    power = min(1.0, power + max(0.0, run_delta - ledger.delta))
+    delta exceeds the accountant's (a SecAgg+ reserve r: with probability r clipping changes a noisy vote), the
+    events' trade-off is taken at 5% + r and r added: that event may move either error rate by r."""
+    reserve = max(0.0, run_delta - ledger.delta)
+    power = min(1.0, membership_test_power(ledger.events, FALSE_ALARM_RATE + reserve, ledger.adjacency) + reserve)
     return {"false_alarm_rate": FALSE_ALARM_RATE, "detection_rate_at_most": power,
             "meaning": "any test of whether one unit of privacy (a record, or a person's records) was in the private "
                        "data, run on everything this run released, that wrongly says 'in' for 5% of those not in it "
@@ -106,10 +111,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"epsilon spent: {report['epsilon']:.4f} at delta={report['delta']:g} "
         f"(budget {report['epsilon_budget'] or 'inf'}; RDP cross-check {_fmt(acc['epsilon_rdp'])})",
         f"accountant: {acc['primary']}",
-        *([f"in plain words: a test of whether a {report['assumptions'].get('unit', 'record').split(' ')[0]} "
-           f"was in the private data that wrongly says yes for 5% of "
-           f"those not in it catches at most {report['membership_test']['detection_rate_at_most']:.0%} of those "
-           f"in it"] if report.get("membership_test") else []),
+        *([f"in plain words: a test of whether a {report['assumptions'].get('unit', 'record').split(' ')[0]} was "
+           f"in the private data that wrongly says yes for 5% of those not in it catches at most "
+           f"{percent_at_most(report['membership_test']['detection_rate_at_most'])} of those in it"]
+          if report.get("membership_test") else []),
         f"noise: {report['noise']['mode']}",
         "assumptions: " + "; ".join(f"{k}={v}" for k, v in report["assumptions"].items()),
     ]

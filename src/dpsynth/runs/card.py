@@ -18,6 +18,7 @@ import yaml
 from dpsynth import __version__
 from dpsynth.config import RunConfig
 from dpsynth.data.records import TaskSpec
+from dpsynth.privacy.report import percent_at_most
 
 PARQUET = "synthetic.parquet"
 
@@ -107,7 +108,7 @@ def privacy_statement(facts: dict[str, Any]) -> str:
         text += (f" In plain words: anyone who tries to tell from everything this run released whether {one} was "
                  f"in the private data, and accepts "
                  f"being wrong about {test['false_alarm_rate']:.0%} of those who were not, can be right about at "
-                 f"most {test['detection_rate_at_most']:.0%} of those who were (by guessing: "
+                 f"most {percent_at_most(test['detection_rate_at_most'])} of those who were (by guessing: "
                  f"{test['false_alarm_rate']:.0%}).")
     if facts["dp_sgd_noise"]:
         text += f" DP-SGD's noise: {facts['dp_sgd_noise']}."
