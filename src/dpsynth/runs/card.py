@@ -102,14 +102,6 @@ def privacy_statement(facts: dict[str, Any]) -> str:
             f"{len(facts['releases'])} noisy release(s) ({', '.join(facts['releases'])}), accounted with "
             f"{facts['accountant']}; everything else, these texts included, is post-processing of those "
             f"releases. Noise: {facts['noise']}.")
-    test = facts.get("membership_test")
-    if test:
-        one = "a given record" if unit == "record" else f"a given {unit.split(' ')[0]}"
-        text += (f" In plain words: anyone who tries to tell from everything this run released whether {one} was "
-                 f"in the private data, and accepts "
-                 f"being wrong about {test['false_alarm_rate']:.0%} of those who were not, can be right about at "
-                 f"most {percent_at_most(test['detection_rate_at_most'])} of those who were (by guessing: "
-                 f"{test['false_alarm_rate']:.0%}).")
     if facts["dp_sgd_noise"]:
         text += f" DP-SGD's noise: {facts['dp_sgd_noise']}."
     checked = facts["checked_on_private_data"]
@@ -117,4 +109,12 @@ def privacy_statement(facts: dict[str, Any]) -> str:
         text += f" {checked[0].upper()}{checked[1:]}."
     if facts["noise"] and "NOT FOR RELEASE" in facts["noise"]:
         text += " **The noise was seeded for an experiment: the guarantee does not hold for this data.**"
-    return text
+    test = facts.get("membership_test")
+    if not test or (facts["noise"] and "NOT FOR RELEASE" in facts["noise"]):  # no guarantee to put in plain words
+        return text
+    one = "a given record" if unit == "record" else f"a given {unit.split(' ')[0]}"
+    plain = (f"**In plain words:** anyone who tries to tell from everything this run released whether {one} was in "
+             f"the private data, and accepts being wrong about {test['false_alarm_rate']:.0%} of those who were not, "
+             f"can be right about at most {percent_at_most(test['detection_rate_at_most'])} of those who were (by "
+             f"guessing: {test['false_alarm_rate']:.0%}; docs/privacy.md has the table for other epsilons).")
+    return plain + "\n\n" + text
