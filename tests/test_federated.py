@@ -227,7 +227,9 @@ def test_with_a_party_as_the_unit_every_release_scales_by_its_records(method: st
     one, the DP label histogram's too (it once kept the per-record 1, so a run at eps 4 spent 5.5)."""
     from dpsynth.runs.planning import plan_privacy
 
-    base = {"data": {"corpus": "rotten_tomatoes", "m": 300}, "generators": [{"model": "smollm2-135m-instruct"}],
+    # "method" was missing, so the augpe case planned wasp (its section was silently ignored; now refused)
+    base = {"method": method, "data": {"corpus": "rotten_tomatoes", "m": 300},
+            "generators": [{"model": "smollm2-135m-instruct"}],
             "privacy": {"label_proportions": "dp", "label_histogram_sigma": 20.0}, method: {}}
     per_record = plan_privacy(parse_config({**base, "federated": {"parties": 10}}))
     per_party = plan_privacy(parse_config({**base, "federated": {"parties": 10, "unit": "party",
