@@ -25,8 +25,8 @@ def _config(method: str, tmp_path: Path) -> dict:
         "task": {"text_kind": "movie review", "labels": {"positive": "a positive review", "negative": "a negative review"}},
         "generators": [{"model": "smollm2-135m-instruct", "name": "smol"}, {"model": "gemma3-270m", "name": "gemma"}]
         if method == "wasp" else [{"model": "smollm2-135m-instruct", "name": "smol"}],
-        "wasp": {"n": 12, "iterations": 2, "q": 2, "s": 1, "max_tokens": 24},
-        "augpe": {"n": 6, "iterations": 2, "max_tokens": 24},
+        method: {"wasp": {"n": 12, "iterations": 2, "q": 2, "s": 1, "max_tokens": 24},
+                 "augpe": {"n": 6, "iterations": 2, "max_tokens": 24}}[method],  # another method's is refused
         "privacy": {"epsilon": 4.0, "delta": 1e-3, "noise_seed": 5},
         "federated": {"parties": 3, "partition": "dirichlet", "alpha": 1.0, "max_records_per_party": 24},
         "evaluate": False,
