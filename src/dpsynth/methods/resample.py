@@ -110,28 +110,27 @@ def weights_from_histogram(samples: Sequence[SyntheticSample], assignment: np.nd
     """Every sample, weighted within its label by (its bin's share of the label's clipped noisy counts) / (the
     bin's share of the label's weight: samples count 1, or the weight they had, e.g. FuseGen's, whose ratios within
     a bin are kept), then scaled so that each label weighs what it weighed before: a weighted classifier sees each
-    label's clusters in the noisy histogram's
-    proportions, with no sample repeated or dropped by chance, and the label mix stays the method's (moving it
-    to the private records' mix made the probe predict SMS's majority label for every message: docs/dpft.md).
+    label's clusters in the noisy histogram's proportions, with no sample repeated or dropped by chance, and the
+    label mix stays the method's (moving it to the private records' mix made the probe predict SMS's majority
+    label for every message: docs/dpft.md).
     Bins the noise left at 0 weigh 0. Post-processing only: the histogram is noisy, the bins are public."""
-    clipped = np.clip(np.asarray(noisy, dtype=np.float64), 0.0, None)
     before = np.array([1.0 if x.weight is None else x.weight for x in samples])
-    mass = np.bincount(assignment, weights=before, minlength=len(clipped))  # each bin's weight so far
+    mass = np.bincount(assignment, weights=before, minlength=len(noisy))  # each bin's weight so far
+    # clipped noisy counts of the bins that hold weight (a bin of weight 0 can take no share)
+    counts = np.where(mass > 0, np.clip(np.asarray(noisy, dtype=np.float64), 0.0, None), 0.0)
+    per_bin = np.divide(counts, mass, out=np.zeros(len(counts)), where=mass > 0)  # count per unit of weight
     w = before.copy()
     all_noise = 0
     for label in np.unique(bin_labels):
         bins = np.flatnonzero(bin_labels == label)
         rows = np.isin(assignment, bins)
-        if (clipped[bins] * (mass[bins] > 0)).sum() <= 0:  # all noise (where the label has weight): kept as it was
+        if counts[bins].sum() <= 0:  # all noise: this label keeps its weights
             all_noise += 1
             continue
-        share = np.zeros(len(clipped))
-        share[bins] = np.where(mass[bins] > 0, clipped[bins], 0.0) / (clipped[bins] * (mass[bins] > 0)).sum()
-        per_bin = np.divide(share, mass, out=np.zeros(len(clipped)), where=mass > 0)
-        w[rows] = before[rows] * per_bin[assignment[rows]] * before[rows].sum()
+        w[rows] = before[rows] * per_bin[assignment[rows]] * (before[rows].sum() / counts[bins].sum())
     w *= len(w) / w.sum()
     out = [replace(x, weight=float(wi)) for x, wi in zip(samples, w)]
-    return out, {"bins": len(clipped), "target": len(samples), "kept": len(out), "duplicated": 0,
+    return out, {"bins": len(counts), "target": len(samples), "kept": len(out), "duplicated": 0,
                  "weighted": True, "zero_weight": int((w == 0).sum()), "max_weight": float(w.max()),
                  "effective_samples": float(w.sum() ** 2 / (w ** 2).sum()), "labels_all_noise": all_noise,
                  "all_noise_fallback": all_noise == len(np.unique(bin_labels))}

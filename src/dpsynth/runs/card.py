@@ -107,10 +107,11 @@ def privacy_statement(facts: dict[str, Any]) -> str:
     checked = facts["checked_on_private_data"]
     if checked and checked != "none" and not checked.startswith("not recorded"):
         text += f" {checked[0].upper()}{checked[1:]}."
-    if facts["noise"] and "NOT FOR RELEASE" in facts["noise"]:
+    seeded = bool(facts["noise"]) and "NOT FOR RELEASE" in facts["noise"]
+    if seeded:
         text += " **The noise was seeded for an experiment: the guarantee does not hold for this data.**"
     test = facts.get("membership_test")
-    if not test or (facts["noise"] and "NOT FOR RELEASE" in facts["noise"]):  # no guarantee to put in plain words
+    if not test or seeded:  # no guarantee to put in plain words
         return text
     one = "a given record" if unit == "record" else f"a given {unit.split(' ')[0]}"
     plain = (f"**In plain words:** anyone who tries to tell from everything this run released whether {one} was in "

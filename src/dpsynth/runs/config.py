@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from dpsynth.config import RunConfig
+from dpsynth.data.loaders import SUPPORTED as DATA_FORMATS
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.registry import backend_names
 from dpsynth.methods.registry import method_class, method_names
@@ -27,13 +28,10 @@ def load_config(path: Path, other_methods: OtherMethods = "refuse") -> RunConfig
     return parse_config(read_config(path), str(path), other_methods=other_methods)
 
 
-DATA_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet", ".arrow", ".txt")
-
-
 def read_config(path: Path) -> dict:
     """A config file's YAML mapping, unvalidated (one-line errors for a missing file, bad YAML, or a data file
     given in its place: `dpsynth run notes.csv` said "not valid YAML (mapping values are not allowed here)")."""
-    if Path(path).suffix.lower() in DATA_SUFFIXES and Path(path).is_file():
+    if Path(path).suffix.lower() in DATA_FORMATS and Path(path).is_file():
         raise DpsynthError(f"{path}: a data file, not a run config; write a YAML config whose data.private names it "
                            "(README, \"Use it on your data\"), and give that config")
     return read_yaml_mapping(path, "run config", "sections (data, generators, ...)")
