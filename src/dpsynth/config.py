@@ -38,12 +38,14 @@ class GeneratorConfig(Section):
     """One PLM. `model` is a known local name, a .gguf path, an API model name or a HF model id."""
 
     kind: str = Field("llama_cpp", description="backend: llama_cpp, openai, transformers, or a registered plugin")
-    model: str
-    name: str | None = None
+    model: str = Field(..., description="a local name (smollm2-135m-instruct, gemma3-270m), a .gguf path, an API "
+                       "model name (kind: openai) or a Hugging Face model id or directory (kind: transformers)")
+    name: str | None = Field(None, description="how results and logs call it (default: the model's file stem); "
+                             "unique within a run")
     chat: bool | None = Field(None, description="instruct model (chat) or base model (completion); auto for GGUF")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
-    max_concurrency: PositiveInt = 4
+    max_concurrency: PositiveInt = Field(4, description="API generators: requests in flight at once")
     processes: PositiveInt = Field(1, description="API generators: worker processes sharing max_concurrency (a "
                                    "process spends about 1 ms of CPU a request through the SDK, 0.3 ms through the "
                                    "lean client, so it asks at most several hundred to a few thousand a second; "
@@ -55,13 +57,15 @@ class GeneratorConfig(Section):
         "auto", description="API generators: auto sends to a plain-http endpoint without a proxy through a lean "
         "client (about a quarter of the SDK's CPU a request), anything else through the OpenAI SDK; sdk always "
         "uses the SDK")
-    n_ctx: PositiveInt = 2048
+    n_ctx: PositiveInt = Field(2048, description="local llama.cpp models: context window in tokens")
     threads: PositiveInt | None = Field(
         None, description="CPU threads of a local llama.cpp model (default: every core available to this process); "
         "lower it when several runs or models share the machine's cores")
     # finite and not negative: a negative or NaN price would make every cost check pass, so max_cost would never stop
-    price_per_prompt_token: float | None = Field(None, ge=0, allow_inf_nan=False)
-    price_per_completion_token: float | None = Field(None, ge=0, allow_inf_nan=False)
+    price_per_prompt_token: float | None = Field(None, ge=0, allow_inf_nan=False, description="price of one prompt "
+                                                 "token, for the cost shown and max_cost")
+    price_per_completion_token: float | None = Field(None, ge=0, allow_inf_nan=False, description="price of one "
+                                                     "completion token")
     max_requests: PositiveInt | None = Field(None, description="cap: paid (uncached) requests over the run")
     max_total_tokens: PositiveInt | None = Field(None, description="cap: paid prompt + completion tokens over the run")
     max_cost: PositiveFloat | None = Field(None, description="cap: cost over the run, in the prices' currency "
@@ -110,9 +114,10 @@ class DataConfig(Section):
     split: str = Field("train", description="the split of a DatasetDict directory or Hub dataset")
     in_memory: bool = Field(False, description="the records are given in Python (dpsynth.synthesize(private=...)); "
                             "a resume must give them again")
-    corpus: str | None = None
-    text_column: str = "text"
-    label_column: str = "label"
+    corpus: str | None = Field(None, description="a public corpus standing in for private data (rotten_tomatoes, "
+                               "trec, sms_spam: the demo and the benchmarks)")
+    text_column: str = Field("text", description="the column holding each record's text")
+    label_column: str = Field("label", description="the column holding each record's label")
     person_column: str | None = Field(
         None, min_length=1, description="column naming the person each record is about: the unit of privacy "
         "becomes a person, whose records are bounded to privacy.max_records_per_user before any release")
@@ -143,15 +148,23 @@ class DataConfig(Section):
 
 
 class TaskConfig(Section):
+    """What the texts are, in public words: the models write from this (never from a private record)."""
+
     text_kind: str = Field(..., description="short noun phrase for one text, e.g. 'customer support email'")
     labels: dict[str, str] = Field(..., min_length=1, description="label -> what it means (used in prompts)")
     description: str = Field("", description="one public sentence on what the texts look like")
 
 
 class PrivacyConfig(Section):
-    epsilon: float = 4.0
-    delta: float = 1e-5
-    adjacency: Adjacency = Adjacency.ADD_REMOVE
+    """The run's budget and what it protects: one ledger spends it across every release (docs/privacy.md)."""
+
+    epsilon: float = Field(4.0, description="the run's total privacy budget (.inf: a non-private reference run, "
+                           "reported as NOT DP)")
+    delta: float = Field(1e-5, description="the run's delta; keep it well below 1 / the number of private records "
+                         "(docs/privacy.md, choosing epsilon and delta)")
+    adjacency: Adjacency = Field(
+        Adjacency.ADD_REMOVE, description="neighbouring datasets: add_remove (one record added or removed) or replace "
+        "(one record changed; the sensitivities docs/privacy.md gives)")
     max_records_per_user: PositiveInt = Field(
         1, description="k: records one person may contribute (needs data.person_column; the data holder keeps at "
         "most k of each person's records, and every sensitivity is that of k records)")
@@ -268,7 +281,7 @@ class RunConfig(BaseModel):
     """Shared sections plus method sections (extra keys, validated by the methods' options models)."""
 
     model_config = ConfigDict(extra="allow")
-    method: str = "wasp"
+    method: str = Field("wasp", description="the method to run: its section (e.g. wasp:) holds its options")
     data: DataConfig = DataConfig()
     task: TaskConfig | None = None
     generators: list[GeneratorConfig] = Field(..., min_length=1)
@@ -276,11 +289,13 @@ class RunConfig(BaseModel):
     federated: FederatedConfig | None = None
     resample: ResampleConfig | None = None
     relabel: RelabelConfig | None = None
-    embedder: str = Field(DEFAULT_EMBEDDER, min_length=1)
+    embedder: str = Field(DEFAULT_EMBEDDER, min_length=1, description="sentence-transformers model the votes and the "
+                          "evaluation embed with (a name or a directory)")
     device: DeviceSetting = Field("auto", description="where the embedder, the data holder's votes and DP-SGD, "
                                   "transformers sampling and DPO run: auto (a CUDA GPU if torch sees one), cpu or cuda")
     seed: int = Field(0, ge=0, description="public seed of the run's requests and splits (numpy needs >= 0)")
-    evaluate: bool = True
+    evaluate: bool = Field(True, description="score the synthetic set on data.test (or the corpus' test split) "
+                           "at the end of the run")
 
     @model_validator(mode="after")
     def _checks(self) -> RunConfig:

@@ -14,6 +14,7 @@ from dpsynth.cli.bench import bench
 from dpsynth.cli.budget import budget
 from dpsynth.cli.evaluate import evaluate
 from dpsynth.cli.export import export
+from dpsynth.cli.options import options
 from dpsynth.cli.party import party_ledger
 from dpsynth.cli.report import report
 from dpsynth.cli.runs import demo, run
@@ -58,6 +59,7 @@ _typer_app.command("bench")(bench)
 _typer_app.command("audit")(audit)
 _typer_app.command("report")(report)
 _typer_app.command("export")(export)
+_typer_app.command("options")(options)
 _typer_app.command("party-ledger")(party_ledger)
 
 

@@ -57,15 +57,20 @@ class AugPEOptions(SamplingOptions):
 
     n: PositiveInt = Field(600, description="population size (each iteration's requests)")
     iterations: int = Field(5, ge=2, description="T, including the initial random-API population")
-    votes: Literal["top1", "knn"] = "top1"
+    votes: Literal["top1", "knn"] = Field("top1", description="top1: each private record votes for its nearest "
+                                          "sample of its label; knn: for its k nearest, 1/sqrt(k) each")
     k: PositiveInt = Field(1, description="neighbours per private sample for knn votes (normalised to norm 1)")
     threshold: float = Field(0.0, ge=0, description="H, subtracted from every noisy count (then floored at 0), as "
                              "in DPSDA and Aug-PE's code")
-    selection: Literal["rank", "sample"] = "sample"
+    selection: Literal["rank", "sample"] = Field("sample", description="sample: parents drawn in proportion to the "
+                                                 "thresholded noisy votes; rank: the top of each label, see rank_fold")
     rank_fold: int = Field(3, ge=2, description="selection: rank keeps the top 1/rank_fold of each label's "
                            "population as parents, each varied rank_fold times (DPSDA's next_variation_api_fold)")
-    variation: Literal["paraphrase", "fill_blank", "mixed"] = "mixed"
-    fill_ratio: float = Field(0.3, gt=0, lt=1)
+    variation: Literal["paraphrase", "fill_blank", "mixed"] = Field(
+        "mixed", description="how a parent is varied: paraphrased, its masked words filled in, or the two "
+        "alternating by index")
+    fill_ratio: float = Field(0.3, gt=0, lt=1, description="fill_blank: each word of the parent is blanked "
+                              "with this probability")
     output: Literal["last", "all", "selected"] = Field(
         "last", description="last: the final population (N samples, variations no vote has judged); all: every "
         "population, N*T samples for the same N*T generator calls (each population is public prompts plus earlier "

@@ -66,9 +66,10 @@ class PaperFormula:
 class SamplingOptions(Section):
     """The sampling settings every generating method's section shares (a method may change a default)."""
 
-    max_tokens: PositiveInt = 64
+    max_tokens: PositiveInt = Field(64, description="most new tokens a generation may write")
     temperature: float = Field(1.0, ge=0, description="0 = greedy")
-    top_p: float = Field(0.95, gt=0, le=1)
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling: draw from the smallest set of tokens "
+                         "holding this much probability")
     max_attempts: PositiveInt = Field(3, description="re-asks for samples dropped by cleaning")
 
     def prompt_settings(self, max_tokens: int | None = None) -> PromptSettings:

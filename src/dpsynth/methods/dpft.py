@@ -53,9 +53,9 @@ class DpftOptions(SamplingOptions):
     sampling_rate: float = Field(0.25, gt=0, le=1, description="q: each record joins each step with this "
                                  "probability (expected batch = q x records)")
     clip_norm: float = Field(1.0, gt=0, description="per-example gradient L2 bound")
-    learning_rate: float = Field(3e-3, gt=0)
-    lora_r: PositiveInt = 8
-    lora_alpha: PositiveInt = 16
+    learning_rate: float = Field(3e-3, gt=0, description="DP-Adam learning rate")
+    lora_r: PositiveInt = Field(8, description="LoRA rank of the adapter")
+    lora_alpha: PositiveInt = Field(16, description="LoRA scaling alpha (the update is scaled by alpha / r)")
     max_length: int = Field(64, ge=8, description="tokens per training sequence (control prompt + text)")
     max_tokens: PositiveInt = 60
 

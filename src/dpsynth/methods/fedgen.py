@@ -57,8 +57,8 @@ class FedgenOptions(SamplingOptions):
     clip_norm: float = Field(1.0, gt=0, description="per-example gradient L2 bound")
     learning_rate: float = Field(3e-3, gt=0, description="local (Adam) learning rate")
     server_learning_rate: float = Field(1.0, gt=0, description="eta: server step on the mean update")
-    lora_r: PositiveInt = 8
-    lora_alpha: PositiveInt = 16
+    lora_r: PositiveInt = Field(8, description="LoRA rank of the adapter")
+    lora_alpha: PositiveInt = Field(16, description="LoRA scaling alpha (the update is scaled by alpha / r)")
     max_length: int = Field(64, ge=8, description="tokens per training sequence (control prompt + text)")
     n: PositiveInt = Field(240, description="s: samples generated from the fine-tuned model (stage 3)")
     keep: float = Field(0.5, gt=0, le=1, description="r: share of each label's candidates kept by refinement")

@@ -39,7 +39,7 @@ class FuseGenOptions(SamplingOptions):
     """The `fusegen:` section (defaults: the authors' run.sh; only `n` is scaled down, the selection sizes are
     not: docs/fusegen.md says what that does at small `n`)."""
 
-    n: PositiveInt = 600
+    n: PositiveInt = Field(600, description="samples in all over the rounds, split equally among the PLMs")
     rounds: NonNegativeInt = Field(4, description="feedback rounds after the zero-shot round (--steps)")
     examples: PositiveInt = Field(8, description="in-context examples S every PLM sees (--gen_few_shot_k)")
     pool_factor: PositiveInt = Field(5, description="candidates = S x pool_factor (--gen_few_shot_pool_size)")

@@ -60,14 +60,18 @@ class PopriOptions(SamplingOptions):
     j: int = Field(8, ge=2, description="candidates per group (POPri: 10)")
     chosen_rank: PositiveInt = Field(1, description="rank of the chosen text in its group (1 = best score)")
     rejected_rank: PositiveInt = Field(5, description="rank of the rejected text (POPri: 5 of 10)")
-    scoring: Literal["votes", "centroid", "public"] = "votes"
-    objective: Literal["dpo", "sft"] = "dpo"
+    scoring: Literal["votes", "centroid", "public"] = Field(
+        "votes", description="votes: POPri's DP score release each round; centroid: one release of the per-label "
+        "embedding sums, reused by every round; public: the label descriptions (no private data, a control)")
+    objective: Literal["dpo", "sft"] = Field("dpo", description="dpo: train on (chosen, rejected) pairs; sft: "
+                                             "supervised fine-tuning on the chosen texts only (a control)")
     beta: float = Field(0.1, gt=0, description="DPO's beta")
-    learning_rate: float = Field(5e-5, gt=0)
-    batch_size: PositiveInt = 8
+    learning_rate: float = Field(5e-5, gt=0, description="adapter learning rate")
+    batch_size: PositiveInt = Field(8, description="training examples per optimiser step (pairs for "
+                                         "dpo, texts for sft)")
     epochs: PositiveInt = Field(1, description="epochs over each round's pairs (POPri: 1)")
-    lora_r: PositiveInt = 8
-    lora_alpha: PositiveInt = 16
+    lora_r: PositiveInt = Field(8, description="LoRA rank of the adapter")
+    lora_alpha: PositiveInt = Field(16, description="LoRA scaling alpha (the update is scaled by alpha / r)")
     max_length: int = Field(128, ge=16, description="tokens per training sequence (prompt + text)")
 
 

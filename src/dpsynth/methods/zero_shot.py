@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from pydantic import PositiveInt
+from pydantic import Field, PositiveInt
 
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
@@ -25,7 +25,8 @@ from dpsynth.methods.registry import register
 class ZeroShotOptions(SamplingOptions):
     """The `zero-shot:` section: zero-shot multi-PLM fusion, no private data (epsilon 0)."""
 
-    n: PositiveInt = 600
+    n: PositiveInt = Field(600, description="samples in all, split equally among the PLMs, then "
+                                    "over the labels by the label shares")
 
 
 class ZeroShotState(MethodState):

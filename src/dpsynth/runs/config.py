@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dpsynth.config import RunConfig
 from dpsynth.data.loaders import SUPPORTED as DATA_FORMATS
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.registry import backend_names
 from dpsynth.methods.registry import method_class, method_names
+from dpsynth.runs.options_reference import unknown_option
 
 OtherMethods = Literal["refuse", "drop"]
 
@@ -79,14 +80,15 @@ def parse_config(raw: dict, where: str = "config", *, other_methods: OtherMethod
     try:
         config = RunConfig.model_validate(raw)
     except ValidationError as err:
-        raise DpsynthError(f"{where}: {first_error(err)}") from err
+        raise DpsynthError(f"{where}: {first_error(err, RunConfig)}") from err
     names = method_names()
     if config.method not in names:
         raise DpsynthError(f"{where}: method: unknown method '{config.method}'; choose one of {', '.join(names)}")
     extra = config.__pydantic_extra__ if config.__pydantic_extra__ is not None else {}
     for key in list(extra):
         if key not in names:
-            raise DpsynthError(f"{where}: {key}: unknown section (method sections are: {', '.join(names)})")
+            raise DpsynthError(f"{where}: {key}: unknown section (method sections are: {', '.join(names)}; "
+                               "`dpsynth options` lists every section)")
         if key != config.method and other_methods == "drop":
             del extra[key]
         elif key != config.method:
@@ -99,7 +101,7 @@ def parse_config(raw: dict, where: str = "config", *, other_methods: OtherMethod
         try:
             extra[key] = cls.Options.model_validate(extra[key] or {})
         except ValidationError as err:
-            raise DpsynthError(f"{where}: {key}.{first_error(err)}") from err
+            raise DpsynthError(f"{where}: {key}.{first_error(err, cls.Options, key)}") from err
     known = backend_names()
     for i, g in enumerate(config.generators):
         if g.kind not in known:
@@ -116,9 +118,12 @@ def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def first_error(err: ValidationError) -> str:
-    """A validation error as one line: where (dotted path) and what."""
+def first_error(err: ValidationError, model: type[BaseModel] | None = None, section: str | None = None) -> str:
+    """A validation error as one line: where (dotted path) and what. With the run config's `model` (and the
+    `section` it was validated for), an unknown key names the nearest known one and `dpsynth options`."""
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden" and model is not None:
+        msg = unknown_option(model, tuple(first["loc"]), section) or msg
     return f"{loc}: {msg}"

@@ -1,0 +1,200 @@
+"""Every option a run config accepts, read from the config models themselves.
+
+`dpsynth options` and docs/config.md are built from here, so the reference lists exactly what the parser
+accepts, with the defaults it fills in: a new option, or a changed default, shows up without anyone
+remembering to document it (tests/test_options_reference.py fails when docs/config.md is stale or an option
+has no description).
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import math
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from dpsynth.config import RunConfig
+from dpsynth.errors import DpsynthError
+from dpsynth.methods.registry import method_class, method_names
+
+TOP_LEVEL = "run"  # the section name of the config's top-level keys (method, embedder, device, ...)
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str  # the key inside its section, e.g. "output"
+    kind: str  # what it accepts, e.g. "last | all | selected" or "int > 0"
+    default: str  # as YAML would write it; "required" or "unset" where there is none
+    description: str
+
+
+@dataclass(frozen=True)
+class SectionReference:
+    name: str  # as written in the config ("augpe", "generators", "privacy"; TOP_LEVEL for the top-level keys)
+    summary: str
+    options: tuple[Option, ...]
+
+
+def reference() -> list[SectionReference]:
+    """The run config's sections in the order a config is usually written, then every registered method's."""
+    top, nested = _fields(RunConfig)
+    out = [SectionReference(TOP_LEVEL, "Top-level keys of a run config.", tuple(top))]
+    for key, model in nested:
+        summary = _summary(model) + (" A list: one entry per generator." if key == "generators" else "")
+        out.append(SectionReference(key, summary, tuple(_fields(model)[0])))
+    for name in method_names():
+        options = method_class(name).Options
+        shared = set(options.__mro__[1].model_fields) if issubclass(options.__mro__[1], BaseModel) else set()
+        own = sorted(_fields(options)[0], key=lambda o: o.key in shared)  # its own options first (stable sort)
+        out.append(SectionReference(name, _summary(options), tuple(own)))
+    return out
+
+
+def section(name: str) -> SectionReference:
+    """One section by its config name; a one-line error naming the sections otherwise."""
+    sections = reference()
+    for s in sections:
+        if s.name == name:
+            return s
+    raise DpsynthError(f"no config section '{name}'; sections: {', '.join(s.name for s in sections)}")
+
+
+def markdown() -> str:
+    """docs/config.md: every section as a table."""
+    lines = ["# Run config reference", "",
+             "Every option a run config accepts, generated from the config models (`dpsynth options [SECTION]` "
+             "prints the same; `python -m dpsynth.runs.options_reference > docs/config.md` rewrites this file). "
+             "README, \"Use it on your data\", shows a whole config; a method's page in docs/ says why its "
+             "defaults are what they are.", ""]
+    for s in reference():
+        title = "Top-level keys" if s.name == TOP_LEVEL else f"`{s.name}:`"
+        lines += [f"## {title}", "", s.summary, "", "| key | accepts | default | meaning |", "|---|---|---|---|"]
+        lines += [f"| `{o.key}` | {_cell(o.kind)} | {_cell(o.default)} | {_cell(o.description)} |" for o in s.options]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _fields(model: type[BaseModel]) -> tuple[list[Option], list[tuple[str, type[BaseModel]]]]:
+    """The model's plain options, and its fields that are sections of their own (nested models)."""
+    options: list[Option] = []
+    nested: list[tuple[str, type[BaseModel]]] = []
+    for key, field in model.model_fields.items():
+        sub = _nested_model(field.annotation)
+        if sub is not None:
+            nested.append((key, sub))
+            continue
+        options.append(Option(key, _kind(field.annotation, field.metadata), _default(field),
+                              _description(model, key)))
+    return options, nested
+
+
+def unknown_option(model: type[BaseModel], path: tuple[str | int, ...], section: str | None = None) -> str | None:
+    """What to say about an unknown key at `path` of `model` (a misspelt option is the commonest config error):
+    the nearest known key, and where every key is listed. None when `path` does not lead through `model`."""
+    parent = model
+    for part in path[:-1]:
+        if isinstance(part, int):  # an entry of a list section (generators.0.modle)
+            continue
+        field = parent.model_fields.get(part)
+        sub = None if field is None else _nested_model(field.annotation)
+        if sub is None:
+            return None
+        parent = sub
+    near = difflib.get_close_matches(str(path[-1]), list(parent.model_fields), n=1, cutoff=0.6)
+    section = section or next((p for p in path[:-1] if isinstance(p, str)), TOP_LEVEL)
+    hint = f"did you mean {near[0]}? " if near else ""
+    return f"unknown option ({hint}`dpsynth options {section}` lists them)"
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The config model a field holds (alone, optional or as a list's items), if any."""
+    candidates = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType, list) else (annotation,)
+    for c in candidates:
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            return c
+    return None
+
+
+def _description(model: type[BaseModel], key: str) -> str:
+    """The field's description, or the nearest base class's when a method only changes the default (e.g. a
+    method's own max_tokens)."""
+    for cls in model.__mro__:
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and key in cls.model_fields:
+            text = cls.model_fields[key].description
+            if text:
+                return text
+    return ""
+
+
+def _summary(model: type[BaseModel]) -> str:
+    doc = (model.__doc__ or "").strip()
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+_NAMES = {int: "int", float: "float", str: "text", bool: "true | false", Path: "path"}
+
+
+def _kind(annotation: Any, metadata: list[Any]) -> str:
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _kind(args[0], [*args[1:], *metadata])
+    if origin is Literal:
+        base = " | ".join(str(a) for a in args)
+    elif origin in (Union, types.UnionType):
+        base = " | ".join(_kind(a, []) for a in args if a is not type(None))
+    elif origin is list:
+        base = f"list of {_kind(args[0], [])}"
+    elif origin is dict:
+        base = f"mapping of {_kind(args[0], [])} to {_kind(args[1], [])}"
+    elif isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        base = " | ".join(str(m.value) for m in annotation)
+    else:
+        base = _NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    bounds = ", ".join(b for b in (_bound(m) for m in metadata) if b)
+    return f"{base} {bounds}" if bounds else base
+
+
+def _bound(constraint: Any) -> str:
+    """A constraint as text: annotated_types' Gt(0) from PositiveInt, or a Field's own bounds (ge=..., lt=...)."""
+    found = [f"{symbol} {getattr(constraint, attr)}" for attr, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"),
+             ("le", "<=")) if getattr(constraint, attr, None) is not None]
+    if (getattr(constraint, "min_length", None) or 0) > 1:
+        found.append(f"(at least {constraint.min_length})")
+    return ", ".join(found)
+
+
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "required"
+    return _yaml(field.get_default(call_default_factory=True))
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if value == "":
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, float) and math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    if isinstance(value, (list, tuple, dict)) and not value:
+        return "[]" if not isinstance(value, dict) else "{}"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    """Markdown table cell: a pipe inside would end the cell."""
+    return text.replace("|", "\\|") if text else ""
+
+
+if __name__ == "__main__":
+    print(markdown())
