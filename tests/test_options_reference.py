@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from dpsynth.cli import _typer_app
@@ -51,6 +52,22 @@ def test_listed_defaults_are_what_the_parser_fills_in(method):
                 assert _yaml(getattr(model, o.key)) == o.default, (name, o.key)
 
 
+def test_a_negative_temperature_is_refused_for_every_method():
+    """DPGA's own temperature default dropped the shared ge=0 bound (the reference showed it as a plain float)."""
+    for method in method_names():
+        assert section(method).options and {o.key: o.kind for o in section(method).options}["temperature"] == (
+            "float >= 0"), method
+    raw = {"method": "dpga", "data": {"corpus": "sms_spam", "m": 10}, "generators": [{"model": "gemma3-270m"}],
+           "dpga": {"temperature": -1}}
+    with pytest.raises(DpsynthError, match="dpga.temperature: Input should be greater than or equal to 0"):
+        parse_config(raw)
+
+
+def test_defaults_are_written_as_yaml_reads_them():
+    delta = {o.key: o.default for o in section("privacy").options}["delta"]
+    assert delta == "1.0e-05" and yaml.safe_load(delta) == 1e-5  # PyYAML reads 1e-05 as text
+
+
 def test_kinds_show_choices_and_bounds():
     augpe = {o.key: o for o in section("augpe").options}
     assert augpe["output"].kind == "last | all | selected"
@@ -86,6 +103,12 @@ def test_cli_lists_sections_and_options():
     ({"generators": [{"model": "gemma3-270m", "thread": 1}]},
      "generators.0.thread: unknown option (did you mean threads? `dpsynth options generators` lists them)"),
     ({"privacy": {"zzz": 1}}, "privacy.zzz: unknown option (`dpsynth options privacy` lists them)"),
+    ({"augpe": {"epsilon": 4}},
+     "augpe.epsilon: unknown option here (epsilon is an option of privacy:; `dpsynth options augpe` lists this one's)"),
+    ({"generators": [{"model": "gemma3-270m", "max_tokens": 9}]}, "generators.0.max_tokens: unknown option here "
+     "(max_tokens is an option of a method's section; `dpsynth options generators` lists this one's)"),
+    ({"privcy": {}}, "privcy: unknown section (did you mean privacy? method sections are: augpe, dpft, dpga, fedgen, "
+     "fusegen, popri, wasp, zero-shot; `dpsynth options` lists every section)"),
 ])
 def test_a_misspelt_option_names_the_nearest_and_where_to_look(section_raw, expected):
     raw = {"method": "augpe", "data": {"corpus": "sms_spam", "m": 10}, "generators": [{"model": "gemma3-270m"}]}

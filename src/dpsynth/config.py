@@ -41,7 +41,7 @@ class GeneratorConfig(Section):
     model: str = Field(..., description="a local name (smollm2-135m-instruct, gemma3-270m), a .gguf path, an API "
                        "model name (kind: openai) or a Hugging Face model id or directory (kind: transformers)")
     name: str | None = Field(None, description="how results and logs call it (default: the model's file stem); "
-                             "unique within a run")
+                             "unique within a run; set it for names with dots: gpt-3.5-turbo's stem is gpt-3")
     chat: bool | None = Field(None, description="instruct model (chat) or base model (completion); auto for GGUF")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
@@ -148,7 +148,8 @@ class DataConfig(Section):
 
 
 class TaskConfig(Section):
-    """What the texts are, in public words: the models write from this (never from a private record)."""
+    """What the texts are, in public words: the models write from this (never from a private record). Required
+    for your own data; a public corpus (data.corpus) brings its own."""
 
     text_kind: str = Field(..., description="short noun phrase for one text, e.g. 'customer support email'")
     labels: dict[str, str] = Field(..., min_length=1, description="label -> what it means (used in prompts)")
@@ -158,13 +159,13 @@ class TaskConfig(Section):
 class PrivacyConfig(Section):
     """The run's budget and what it protects: one ledger spends it across every release (docs/privacy.md)."""
 
-    epsilon: float = Field(4.0, description="the run's total privacy budget (.inf: a non-private reference run, "
-                           "reported as NOT DP)")
-    delta: float = Field(1e-5, description="the run's delta; keep it well below 1 / the number of private records "
-                         "(docs/privacy.md, choosing epsilon and delta)")
+    epsilon: float = Field(4.0, description="> 0: the run's total privacy budget (.inf: a non-private reference "
+                           "run, reported as NOT DP)")
+    delta: float = Field(1e-5, description="in (0, 1): the run's delta; keep it well below 1 / the number of private "
+                         "records (docs/privacy.md, choosing epsilon and delta)")
     adjacency: Adjacency = Field(
-        Adjacency.ADD_REMOVE, description="neighbouring datasets: add_remove (one record added or removed) or replace "
-        "(one record changed; the sensitivities docs/privacy.md gives)")
+        Adjacency.ADD_REMOVE, description="neighbouring datasets: add_remove (one record, or person, added or removed) "
+        "or replace (one swapped for another: the sensitivities and the accounting change, docs/privacy.md)")
     max_records_per_user: PositiveInt = Field(
         1, description="k: records one person may contribute (needs data.person_column; the data holder keeps at "
         "most k of each person's records, and every sensitivity is that of k records)")

@@ -68,7 +68,7 @@ class AugPEOptions(SamplingOptions):
                            "population as parents, each varied rank_fold times (DPSDA's next_variation_api_fold)")
     variation: Literal["paraphrase", "fill_blank", "mixed"] = Field(
         "mixed", description="how a parent is varied: paraphrased, its masked words filled in, or the two "
-        "alternating by index")
+        "alternating (request by request; under rank, each parent's children alternate)")
     fill_ratio: float = Field(0.3, gt=0, lt=1, description="fill_blank: each word of the parent is blanked "
                               "with this probability")
     output: Literal["last", "all", "selected"] = Field(

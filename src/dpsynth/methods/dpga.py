@@ -93,7 +93,7 @@ class DPGAOptions(SamplingOptions):
     use_lengths: bool = Field(True, description="ablation 'w/o Length' when false")
     use_keywords: bool = Field(True, description="ablation 'w/o Keywords' when false")
     suppression: bool = Field(True, description="ablation 'w/o Similarity Suppression' when false")
-    temperature: float = Field(1.2, description="paper: 1.2 for generation")
+    temperature: float = Field(1.2, ge=0, description="paper: 1.2 for generation")
 
     @model_validator(mode="after")
     def _checks(self) -> DPGAOptions:

@@ -60,10 +60,10 @@ class WaspOptions(SamplingOptions):
     n: PositiveInt = Field(6000, description="total synthetic samples over all iterations")
     iterations: int = Field(5, ge=2, description="T, including zero-shot iteration 0")
     q: PositiveInt = Field(8, description="Top-Q voting: each private record votes for its Q nearest and Q "
-                           "furthest samples of its label, with weights 1, 1/2, ... (Q=1: PE-style Top-1)")
+                           "furthest samples of its label, with weights 1, 1/2, ... (Q=1: one nearest, one furthest)")
     s: int = Field(4, ge=1, description="in-context examples per prompt (and top-S selected per label)")
     contrastive: bool = Field(True, description="prompts show bad examples beside good ones (false: good only, the "
-                              "paper's w/o-contrastive ablation)")
+                              "paper's w/o-contrastive ablation; the furthest votes are still released and paid for)")
     plm_weighting: bool = Field(True, description="each PLM's share of the next iteration follows its noisy votes "
                                 "(false: equal shares throughout)")
     min_weight: float = Field(0.05, ge=0, lt=1, description="floor on every PLM's weight, so none starves")

@@ -20,7 +20,7 @@ from dpsynth.data.loaders import SUPPORTED as DATA_FORMATS
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.registry import backend_names
 from dpsynth.methods.registry import method_class, method_names
-from dpsynth.runs.options_reference import unknown_option
+from dpsynth.runs.options_reference import unknown_option, unknown_section
 
 OtherMethods = Literal["refuse", "drop"]
 
@@ -87,8 +87,7 @@ def parse_config(raw: dict, where: str = "config", *, other_methods: OtherMethod
     extra = config.__pydantic_extra__ if config.__pydantic_extra__ is not None else {}
     for key in list(extra):
         if key not in names:
-            raise DpsynthError(f"{where}: {key}: unknown section (method sections are: {', '.join(names)}; "
-                               "`dpsynth options` lists every section)")
+            raise DpsynthError(f"{where}: {key}: {unknown_section(key)}")
         if key != config.method and other_methods == "drop":
             del extra[key]
         elif key != config.method:

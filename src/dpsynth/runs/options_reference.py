@@ -46,7 +46,7 @@ def reference() -> list[SectionReference]:
     top, nested = _fields(RunConfig)
     out = [SectionReference(TOP_LEVEL, "Top-level keys of a run config.", tuple(top))]
     for key, model in nested:
-        summary = _summary(model) + (" A list: one entry per generator." if key == "generators" else "")
+        summary = _summary(model) + (" Required: a list of at least one generator." if key == "generators" else "")
         out.append(SectionReference(key, summary, tuple(_fields(model)[0])))
     for name in method_names():
         options = method_class(name).Options
@@ -106,10 +106,24 @@ def unknown_option(model: type[BaseModel], path: tuple[str | int, ...], section:
         if sub is None:
             return None
         parent = sub
-    near = difflib.get_close_matches(str(path[-1]), list(parent.model_fields), n=1, cutoff=0.6)
+    key = str(path[-1])
     section = section or next((p for p in path[:-1] if isinstance(p, str)), TOP_LEVEL)
+    homes = [s.name for s in reference() if s.name != section and any(o.key == key for o in s.options)]
+    if homes:  # a real option, in the wrong section (wasp: {epsilon: 4}, a generator's max_tokens)
+        where = "a method's section" if set(homes) <= set(method_names()) else ", ".join(f"{h}:" for h in homes)
+        return f"unknown option here ({key} is an option of {where}; `dpsynth options {section}` lists this one's)"
+    near = difflib.get_close_matches(key, list(parent.model_fields), n=1, cutoff=0.6)
     hint = f"did you mean {near[0]}? " if near else ""
     return f"unknown option ({hint}`dpsynth options {section}` lists them)"
+
+
+def unknown_section(key: str) -> str:
+    """What to say about an unknown top-level key: the nearest section or key, and where every one is listed."""
+    known = [*RunConfig.model_fields, *method_names()]
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]}? " if near else ""
+    return (f"unknown section ({hint}method sections are: {', '.join(method_names())}; `dpsynth options` lists "
+            "every section)")
 
 
 def _nested_model(annotation: Any) -> type[BaseModel] | None:
@@ -186,6 +200,8 @@ def _yaml(value: Any) -> str:
         return str(value.value)
     if isinstance(value, float) and math.isinf(value):
         return ".inf" if value > 0 else "-.inf"
+    if isinstance(value, float) and "e" in repr(value) and "." not in repr(value):
+        return repr(value).replace("e", ".0e")  # YAML 1.1 (PyYAML) reads 1e-05 as text, 1.0e-05 as a number
     if isinstance(value, (list, tuple, dict)) and not value:
         return "[]" if not isinstance(value, dict) else "{}"
     return str(value)
