@@ -15,20 +15,21 @@ from dpsynth.cli import _typer_app
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.registry import method_names
 from dpsynth.runs.config import parse_config
+from dpsynth.cli.options import INTRO, TITLE, all_sections
 from dpsynth.runs.options_reference import TOP_LEVEL, _yaml, markdown, reference, section
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 
 def test_docs_config_md_is_the_generated_reference():
-    assert DOC.read_text() == markdown() + "\n", (
-        "docs/config.md is stale: python -m dpsynth.runs.options_reference > docs/config.md")
+    assert DOC.read_text() == markdown(all_sections(), TITLE, INTRO) + "\n", (
+        "docs/config.md is stale: dpsynth options --markdown > docs/config.md")
 
 
 def test_every_section_and_option_is_described():
-    sections = reference()
+    sections = all_sections()
     assert {s.name for s in sections} >= {TOP_LEVEL, "data", "task", "generators", "privacy", "federated",
-                                          "resample", "relabel", *method_names()}
+                                          "resample", "relabel", *method_names(), "bench", "bench.variants"}
     for s in sections:
         assert s.summary, f"section {s.name} has no docstring"
         for o in s.options:
@@ -93,6 +94,9 @@ def test_cli_lists_sections_and_options():
     one = CliRunner().invoke(_typer_app, ["options", "augpe"])
     assert one.exit_code == 0
     assert "  output: last | all | selected = last" in one.output
+    bench = CliRunner().invoke(_typer_app, ["options", "bench"])
+    assert bench.exit_code == 0 and "  variants: list: see bench.variants = required" in bench.output
+    assert "  classifiers: list of probe | finetune" in bench.output
 
 
 @pytest.mark.parametrize(("section_raw", "expected"), [

@@ -33,8 +33,12 @@ PRIVATE_ONLY = "private_only"  # a reference row, not a method: the classifier t
 
 
 class Variant(BaseModel):
+    """One entry of a bench's `variants:`: a method and how its runs differ from the base, run at every epsilon and
+    seed of the bench."""
+
     model_config = ConfigDict(extra="forbid")
-    name: str
+    name: str = Field(..., description="the variant's name in the tables (entries of one name add cells to one "
+                      "variant)")
     method: str = Field(..., description="a registered method (dpsynth budget --help lists them) or private_only")
     overrides: dict[str, Any] = Field(default_factory=dict, description="run-config keys to change")
     epsilons: list[float] | None = Field(None, description="this variant's epsilons (default: the bench's); "
@@ -53,12 +57,17 @@ class Variant(BaseModel):
 
 
 class BenchConfig(BaseModel):
+    """A `dpsynth bench` config: a resumable grid of run configs (variants x epsilons x seeds) scored on one real
+    test split and compared pairwise (configs/bench_*.yaml are examples)."""
+
     model_config = ConfigDict(extra="forbid")
-    name: str = "bench"
+    name: str = Field("bench", description="the grid's name (its default output directory is bench/NAME)")
     base: dict[str, Any] = Field(..., description="run config shared by every cell (data, generators, ...)")
-    variants: list[Variant]
-    epsilons: list[float] = Field(default_factory=lambda: [4.0])
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
+    variants: list[Variant] = Field(..., min_length=1, description="the methods compared (bench.variants)")
+    epsilons: list[float] = Field(default_factory=lambda: [4.0], description="epsilons every DP variant runs at "
+                                  "(a variant's own epsilons replace them)")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], description="the run seeds every variant runs "
+                             "with; differences are paired by seed")
     eval_distribution: bool = Field(True, description="MAUVE per cell (FID, k-NN precision/recall and diversity "
                                                       "are always computed: a second or two a cell)")
     classifiers: list[Literal["probe", "finetune"]] = Field(

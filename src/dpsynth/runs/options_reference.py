@@ -1,9 +1,9 @@
 """Every option a run config accepts, read from the config models themselves.
 
-`dpsynth options` and docs/config.md are built from here, so the reference lists exactly what the parser
-accepts, with the defaults it fills in: a new option, or a changed default, shows up without anyone
-remembering to document it (tests/test_options_reference.py fails when docs/config.md is stale or an option
-has no description).
+`dpsynth options` and docs/config.md (with the bench config's sections, `dpsynth.bench.options`) are built from
+here, so the reference lists exactly what the parser accepts, with the defaults it fills in: a new option, or a
+changed default, shows up without anyone remembering to document it (tests/test_options_reference.py fails when
+docs/config.md is stale or an option has no description).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class SectionReference:
     name: str  # as written in the config ("augpe", "generators", "privacy"; TOP_LEVEL for the top-level keys)
     summary: str
     options: tuple[Option, ...]
+    heading: str = ""  # its title in docs/config.md (default: the name as a YAML key)
 
 
 def reference() -> list[SectionReference]:
@@ -56,25 +57,31 @@ def reference() -> list[SectionReference]:
     return out
 
 
-def section(name: str) -> SectionReference:
-    """One section by its config name; a one-line error naming the sections otherwise."""
-    sections = reference()
+def section(name: str, sections: list[SectionReference] | None = None) -> SectionReference:
+    """One section by its name (among `sections`, default the run config's); a one-line error naming them
+    otherwise."""
+    sections = reference() if sections is None else sections
     for s in sections:
         if s.name == name:
             return s
     raise DpsynthError(f"no config section '{name}'; sections: {', '.join(s.name for s in sections)}")
 
 
-def markdown() -> str:
-    """docs/config.md: every section as a table."""
-    lines = ["# Run config reference", "",
-             "Every option a run config accepts, generated from the config models (`dpsynth options [SECTION]` "
-             "prints the same; `python -m dpsynth.runs.options_reference > docs/config.md` rewrites this file). "
-             "README, \"Use it on your data\", shows a whole config; a method's page in docs/ says why its "
-             "defaults are what they are.", ""]
-    for s in reference():
-        title = "Top-level keys" if s.name == TOP_LEVEL else f"`{s.name}:`"
-        lines += [f"## {title}", "", s.summary, "", "| key | accepts | default | meaning |", "|---|---|---|---|"]
+def model_section(name: str, model: type[BaseModel], heading: str = "") -> SectionReference:
+    """A config model as one section; a field holding further models is listed as an option that points to the
+    section of that name (`variants`: see bench.variants)."""
+    options, nested = _fields(model)
+    pointers = [Option(key, f"list: see {name}.{key}", "required" if model.model_fields[key].is_required()
+                       else _default(model.model_fields[key]), _description(model, key)) for key, _ in nested]
+    return SectionReference(name, _summary(model), tuple(options + pointers), heading)
+
+
+def markdown(sections: list[SectionReference], title: str, intro: str) -> str:
+    """A reference page: every section as a table."""
+    lines = [f"# {title}", "", intro, ""]
+    for s in sections:
+        heading = s.heading or ("Top-level keys" if s.name == TOP_LEVEL else f"`{s.name}:`")
+        lines += [f"## {heading}", "", s.summary, "", "| key | accepts | default | meaning |", "|---|---|---|---|"]
         lines += [f"| `{o.key}` | {_cell(o.kind)} | {_cell(o.default)} | {_cell(o.description)} |" for o in s.options]
         lines.append("")
     return "\n".join(lines)
@@ -151,7 +158,7 @@ def _summary(model: type[BaseModel]) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-_NAMES = {int: "int", float: "float", str: "text", bool: "true | false", Path: "path"}
+_NAMES = {int: "int", float: "float", str: "text", bool: "true | false", Path: "path", Any: "any"}
 
 
 def _kind(annotation: Any, metadata: list[Any]) -> str:
@@ -202,15 +209,13 @@ def _yaml(value: Any) -> str:
         return ".inf" if value > 0 else "-.inf"
     if isinstance(value, float) and "e" in repr(value) and "." not in repr(value):
         return repr(value).replace("e", ".0e")  # YAML 1.1 (PyYAML) reads 1e-05 as text, 1.0e-05 as a number
-    if isinstance(value, (list, tuple, dict)) and not value:
-        return "[]" if not isinstance(value, dict) else "{}"
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_yaml(v) for v in value)}]"
+    if isinstance(value, dict) and not value:
+        return "{}"
     return str(value)
 
 
 def _cell(text: str) -> str:
     """Markdown table cell: a pipe inside would end the cell."""
     return text.replace("|", "\\|") if text else ""
-
-
-if __name__ == "__main__":
-    print(markdown())
