@@ -53,10 +53,14 @@ def bench(
     by one of them, and each waits for the cells the others run before it reports."""
     from dpsynth.bench.grid import load_bench, run_grid
     from dpsynth.bench.report import html_report, markdown_table
+    from dpsynth.bench.spending import spending_note
     from dpsynth.bench.stats import paired_markdown
 
     spec = load_bench(config)
     out = out or Path("bench") / spec.name
+    spending = spending_note(spec)
+    if spending and run:
+        typer.echo(f"note: {spending}", err=True)
     rows = run_grid(spec, out, log=typer.echo, run_missing=run, only=only or None)
     if not rows:
         raise DpsynthError(f"{out}: no finished cell to report")
@@ -76,7 +80,8 @@ def bench(
             if labels and all(r.get(prefix + "predicted") for r in scored):
                 parts.append(paired_markdown(scored, spec.baseline, compare_with, truth=labels, prefix=prefix))
         sections.append("\n\n".join(p for p in parts if p))
-    table = "\n\n".join(sections) + "\n\n" + majority_line(labels)
+    table = "\n\n".join(sections) + "\n\n" + majority_line(labels) + (f"\n\n{spending[0].upper()}{spending[1:]}"
+                                                                          if spending else "")
     atomic_write_text(out / "results.md", table + "\n")  # bench processes sharing `out` may write at once
     atomic_write_text(out / "report.html", html_report(rows, out, spec.name))
     typer.echo(table)
