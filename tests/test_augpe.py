@@ -242,3 +242,49 @@ def test_a_resume_under_another_output_is_refused_before_it_asks_or_releases(beg
         Run.resume(tmp_path / "run").execute()
     assert len(FakeGenerator.calls) == asked, "nothing asked"
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "releases").glob("*.json")) == releases
+
+
+def test_fused_augpe_shares_one_population_among_several_plms(tmp_path, monkeypatch) -> None:
+    """`augpe.fuse: true`: every PLM writes an equal share of each population and varies its own run of the
+    parents (the two PLMs asked the same variations before the offset), votes and releases as with one PLM; a bench
+    runs it as one cell with all PLMs. Without `fuse` two PLMs are still refused."""
+    import json
+
+    from fakes import FakeGenerator
+
+    from dpsynth.bench.grid import BenchConfig, cells
+    from dpsynth.runs.engine import Run
+
+    two = [{"kind": "fake", "model": "a"}, {"kind": "fake", "model": "b"}]
+    task = {"text_kind": "review", "labels": {"pos": "positive", "neg": "negative"}}
+    csv = tmp_path / "private.csv"
+    csv.write_text("text,label\n" + "".join(f"private review {i} of a {'great' if i % 2 else 'poor'} film,"
+                                            f"{'pos' if i % 2 else 'neg'}\n" for i in range(20)))
+    raw = {"method": "augpe", "data": {"private": str(csv)}, "task": task, "generators": two,
+           "augpe": {"n": 8, "iterations": 3, "output": "selected", "selection": "rank", "fuse": True},
+           "privacy": {"epsilon": 2.0, "delta": 1e-3}, "evaluate": False, "seed": 3}
+    with pytest.raises(DpsynthError, match="exactly one PLM"):
+        parse_config({**raw, "augpe": {**raw["augpe"], "fuse": False}})
+
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    FakeGenerator.calls, FakeGenerator.fail_after = [], None
+    Run.create(parse_config(raw), tmp_path / "fused").execute()
+    assert len(FakeGenerator.calls) == 16  # populations 0 and 1, 8 requests each, 4 per PLM
+    variations = [r.prompt_text() for r in FakeGenerator.calls[8:]]
+    assert len(set(variations)) == 8, "each PLM varies its own run of the parents"
+    rows = [json.loads(line) for line in (tmp_path / "fused" / "synthetic.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and {r["iteration"] for r in rows} == {1}  # the top third (ceil 4/3) of each label's 4
+    metrics = json.loads((tmp_path / "fused" / "metrics.json").read_text())
+    assert set(metrics["samples_per_plm"]) == {"a", "b"}
+    privacy = json.loads((tmp_path / "fused" / "privacy.json").read_text())
+    assert [e["name"] for e in privacy["events"]] == ["augpe.votes[iteration=1]", "augpe.votes[iteration=2]"]
+    assert privacy["epsilon"] <= 2.0 + 1e-9
+
+    base = {"data": {"corpus": "sms_spam", "m": 100}, "generators": [{"model": "gemma3-270m", "name": "g"},
+                                                                     {"model": "smollm2-135m-instruct", "name": "s"}],
+            "augpe": {"n": 8}}
+    bench = BenchConfig.model_validate({"base": base, "seeds": [0], "baseline": None, "variants": [
+        {"name": "alone", "method": "augpe"}, {"name": "fused", "method": "augpe",
+                                               "overrides": {"augpe": {"fuse": True}}}]})
+    assert sorted(c["name"] for c in cells(bench)) == ["alone-g-eps4.0-seed0", "alone-s-eps4.0-seed0",
+                                                       "fused-all-eps4.0-seed0"]

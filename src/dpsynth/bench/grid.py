@@ -112,9 +112,9 @@ def cells(bench: BenchConfig) -> list[dict]:
             raise DpsynthError(f"variant {v.name}: unknown method '{v.method}'; choose one of "
                                f"{', '.join(method_names())} or {PRIVATE_ONLY}")
         cls = method_class(v.method) if v.method != PRIVATE_ONLY else None
-        alone = cls is not None and cls.one_generator_per_run
-        plm_sets = [[g] for g in generators] if alone else [generators]
         merged = _merge(bench.base, v.overrides)
+        alone = cls is not None and cls.runs_alone(cls.Options.model_validate(merged.get(v.method) or {}))
+        plm_sets = [[g] for g in generators] if alone else [generators]
         final_stage = merged.get("resample") is not None or (merged.get("relabel") is not None and
                                                             RelabelConfig.model_validate(merged["relabel"] or {})
                                                             .reads_private_records)

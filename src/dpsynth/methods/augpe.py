@@ -1,4 +1,5 @@
-"""Aug-PE (Xie et al. 2024), the single-PLM Private Evolution baseline of the WASP paper.
+"""Aug-PE (Xie et al. 2024), the single-PLM Private Evolution baseline of the WASP paper (or several PLMs sharing one
+population with `fuse: true`).
 
 population_0 = RANDOM_API(N)                                   (zero-shot, no private data)
 for t in 1..T-1:                                               (T-1 noisy releases)
@@ -77,6 +78,9 @@ class AugPEOptions(SamplingOptions):
         "noisy releases, so keeping them costs no privacy); selected: the distinct parents chosen by the last vote "
         "(what the Aug-PE authors' code saves, save_syn_mode='selected'; under rank the top 1/rank_fold of each "
         "label), and the last population is not generated: N*(T-1) calls, the same T-1 releases")
+    fuse: bool = Field(False, description="several generators share one population: each writes an equal share of "
+                       "every population (any of them may vary any parent), and the votes and the selection run over "
+                       "them all; false: Aug-PE's one generator per run")
 
 
 class AugPEState(MethodState):
@@ -136,12 +140,16 @@ class AugPE(Method[AugPEOptions, AugPEState]):
     name = "augpe"
     Options = AugPEOptions
     State = AugPEState
-    summary = "Aug-PE / Private Evolution with one PLM (Pre-Text when federated)"
+    summary = "Aug-PE / Private Evolution with one PLM, or several sharing one population (Pre-Text when federated)"
     prompt_examples = 1
     one_generator_per_run = True
 
     def iterations(self) -> int:
         return self.options.iterations
+
+    @classmethod
+    def runs_alone(cls, options: AugPEOptions) -> bool:
+        return not options.fuse
 
     def planned_requests(self, labels: int) -> int:
         return self.options.n * self._generated_populations()
@@ -175,16 +183,16 @@ class AugPE(Method[AugPEOptions, AugPEState]):
 
     def step(self, ctx: StepContext, state: AugPEState, t: int) -> dict:
         a, seed, task = self.options, self.config.seed, ctx.task
-        plm = self.config.generators[0].display_name
         settings = a.prompt_settings()
-        plans = plan_counts(a.n, {plm: 1.0}, ctx.label_shares)
+        plans = plan_counts(a.n, {g.display_name: 1.0 for g in self.config.generators}, ctx.label_shares)
+        totals = {label: sum(p.per_label[label] for p in plans) for label in plans[0].per_label}
         record: dict = {"iteration": t}
         if t == 0:
             state.output = a.output
             make_requests = zero_shot_requests(task, settings, seed, "random_api")
         else:
             self._check_output_unchanged(state)  # before this step's vote or requests
-            empty = [label for label, count in plans[0].per_label.items()
+            empty = [label for label, count in totals.items()
                      if count > 0 and not any(x.label == label for x in state.population)]
             if empty:  # checked before the votes are released: nothing to vary, and nothing spent on it
                 raise DpsynthError(f"augpe: iteration {t - 1} kept no sample of label(s) {', '.join(empty)} (every "
@@ -192,7 +200,7 @@ class AugPE(Method[AugPEOptions, AugPEState]):
                                    "the generator's answers in run.log, or raise augpe.max_attempts")
             noisy = self._noisy_votes(ctx, state, t)
             rng = np.random.default_rng(request_seed(seed, "augpe.select", t))
-            parents = select_parents(noisy, state.population, plans[0].per_label, a.selection, rng, a.rank_fold)
+            parents = select_parents(noisy, state.population, totals, a.selection, rng, a.rank_fold)
             record["parents_distinct"] = sum(len({p.id for p in ps}) for ps in parents.values())
             if t == self._generated_populations():  # `output: selected`: the last vote's parents are the output
                 state.selected = distinct_in_order(parents)
@@ -202,16 +210,20 @@ class AugPE(Method[AugPEOptions, AugPEState]):
             # under rank, parent j % K's children alternate kinds by round (j // K), so that a parent's rank_fold
             # children are not all of one kind when K is even
             distinct = {label: len({p.id for p in ps}) or 1 for label, ps in parents.items()}
+            # fused: each PLM varies its own run of the label's parents (those before it belong to the PLMs before)
+            first = {p.plm: {label: sum(q.per_label[label] for q in plans[:i]) for label in totals}
+                     for i, p in enumerate(plans)}
 
             def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
                 out = []
                 for label, j in plan.indices():
-                    parent = parents[label][(j + attempt * 7) % len(parents[label])]
-                    turn = j // distinct[label] if a.selection == "rank" else j
+                    g = first[plan.plm][label] + j  # the request's place among all PLMs' requests of the label
+                    parent = parents[label][(g + attempt * 7) % len(parents[label])]
+                    turn = g // distinct[label] if a.selection == "rank" else g
                     kind = a.variation if a.variation != "mixed" else ("paraphrase", "fill_blank")[turn % 2]
                     out.append((label, build_variation_request(
                         task, label, parent.text, chat=chat, kind=kind, fill_ratio=a.fill_ratio,
-                        settings=settings, rng_seed=request_seed(seed, "variation", t, label, attempt, j))))
+                        settings=settings, rng_seed=request_seed(seed, "variation", t, label, attempt, g))))
                 return out
 
         t0 = time.perf_counter()

@@ -162,13 +162,18 @@ class Method(ABC, Generic[OptionsT, StateT]):
         """Raise ValueError for settings this method cannot run (called when the config is parsed)."""
         if config.federated is not None and not cls.uses_private_data and config.resample is None:
             raise ValueError(f"{cls.name} uses no private data; it has no federated mode")
-        if cls.one_generator_per_run and len(config.generators) != 1:
+        if cls.runs_alone(config.options(cls.name)) and len(config.generators) != 1:
             raise ValueError(f"{cls.name} uses exactly one PLM (as in its paper); run it once per PLM")
         need = cls.context_tokens(config)
         for i, g in enumerate(config.generators):
             if g.kind == "llama_cpp" and g.n_ctx < need:
                 raise ValueError(f"generators[{i}].n_ctx={g.n_ctx} is below the about {need} tokens the longest "
                                  f"prompt of {cls.name} and its answer need; raise n_ctx to at least {need}")
+
+    @classmethod
+    def runs_alone(cls, options: Any) -> bool:
+        """Whether a run of these options has exactly one PLM (a bench then runs one cell per PLM)."""
+        return cls.one_generator_per_run
 
     @classmethod
     def context_tokens(cls, config: RunConfig) -> int:
