@@ -113,7 +113,7 @@ def cells(bench: BenchConfig) -> list[dict]:
                                f"{', '.join(method_names())} or {PRIVATE_ONLY}")
         cls = method_class(v.method) if v.method != PRIVATE_ONLY else None
         merged = _merge(bench.base, v.overrides)
-        alone = cls is not None and cls.runs_alone(cls.Options.model_validate(merged.get(v.method) or {}))
+        alone = cls is not None and _runs_alone(cls, merged.get(v.method) or {})
         plm_sets = [[g] for g in generators] if alone else [generators]
         final_stage = merged.get("resample") is not None or (merged.get("relabel") is not None and
                                                             RelabelConfig.model_validate(merged["relabel"] or {})
@@ -142,6 +142,15 @@ def cells(bench: BenchConfig) -> list[dict]:
                                 "epsilon": eps, "seed": seed, "config": raw, "sample_weights": v.sample_weights})
     _check_comparators(bench, out)
     return out
+
+
+def _runs_alone(cls: Any, section: dict) -> bool:
+    """Whether the method runs one PLM per cell with these options; options that do not validate are reported with
+    their field by the cell's own config check, before any cell runs."""
+    try:
+        return bool(cls.runs_alone(cls.Options.model_validate(section)))
+    except ValidationError:
+        return bool(cls.one_generator_per_run)
 
 
 def _check_comparators(bench: BenchConfig, grid: list[dict]) -> None:
