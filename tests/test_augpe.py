@@ -288,3 +288,19 @@ def test_fused_augpe_shares_one_population_among_several_plms(tmp_path, monkeypa
                                                "overrides": {"augpe": {"fuse": True}}}]})
     assert sorted(c["name"] for c in cells(bench)) == ["alone-g-eps4.0-seed0", "alone-s-eps4.0-seed0",
                                                        "fused-all-eps4.0-seed0"]
+
+
+def test_shared_population_plans_split_labels_first_and_match_one_plm() -> None:
+    """Split over PLMs first, N=6 over 4 labels and 2 PLMs gave one label no request; one PLM's plan is unchanged."""
+    from dpsynth.methods.augpe import shared_population_plans
+    from dpsynth.methods.generation import plan_counts
+
+    shares = {c: 0.25 for c in "abcd"}
+    plans = shared_population_plans(6, ["x", "y"], shares)
+    totals = {c: sum(p.per_label[c] for p in plans) for c in shares}
+    assert totals == plan_counts(6, {"x": 1.0}, shares)[0].per_label and min(totals.values()) == 1
+    assert sum(plans[0].per_label.values()) + sum(plans[1].per_label.values()) == 6
+    skewed = {"rare": 0.05, "common": 0.95}
+    assert shared_population_plans(20, ["x"], skewed) == plan_counts(20, {"x": 1.0}, skewed)
+    assert {c: sum(p.per_label[c] for p in shared_population_plans(20, ["x", "y"], skewed)) for c in skewed} == {
+        "rare": 1, "common": 19}

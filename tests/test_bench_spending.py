@@ -58,3 +58,16 @@ def test_the_cli_prints_it_before_the_grid(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(grid, "run_grid", lambda *a, **k: [])  # stop right after the note: no cell runs
     result = CliRunner().invoke(_typer_app, ["bench", str(config), "-o", str(tmp_path / "out")])
     assert "note: this bench runs on your own records: its 1 DP cell spends up to epsilon 4" in result.output
+
+
+def test_a_variant_on_own_records_over_a_corpus_base_is_counted():
+    variants = [{"name": "zero-shot", "method": "zero-shot"},
+                {"name": "mine", "method": "zero-shot", "overrides": {"data": {"corpus": None, "m": None,
+                                                                               "private": "records.csv"},
+                                                                      "relabel": {}}}]
+    note = spending_note(_bench({"corpus": "sms_spam", "m": 100}, variants))
+    assert note is not None and "its 3 DP cells spend up to epsilon 12" in note
+
+
+def test_a_bad_field_leaves_the_report_to_the_grids_own_check():
+    assert spending_note(_bench({"private": "records.csv", "privat": "x"}, VARIANTS)) is None

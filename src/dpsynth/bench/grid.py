@@ -4,7 +4,7 @@ Each cell is an ordinary run directory under `OUT/cells/`, so the grid is
 resumable (finished cells are skipped, interrupted ones resumed) and every
 generation is shared through the request cache (e.g. WASP variants with the same
 seed ask identical zero-shot questions). Aug-PE runs once per PLM, as in the
-paper. `private_only` trains the downstream classifier on the private samples
+paper (unless `augpe.fuse`). `private_only` trains the downstream classifier on the private samples
 themselves: a non-DP reference line, labelled as such.
 """
 
@@ -43,7 +43,8 @@ class Variant(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict, description="run-config keys to change")
     epsilons: list[float] | None = Field(None, description="this variant's epsilons (default: the bench's); "
                                             "inf = non-private reference")
-    plms: list[str] | None = Field(None, description="generator names to use (Aug-PE: each runs alone)")
+    plms: list[str] | None = Field(None, description="generator names to use (a one-PLM method, e.g. "
+                                        "Aug-PE without fuse, runs one cell per PLM)")
     seeds: list[int] | None = Field(None, description="this variant's seeds (default: the bench's)")
     compare_with: str | list[str] | None = Field(
         None, description="the variant(s) this one is paired with (default: the bench's baseline), e.g. the "

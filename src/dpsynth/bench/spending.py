@@ -10,26 +10,39 @@ from __future__ import annotations
 
 import math
 
+from pydantic import ValidationError
+
 from dpsynth.bench.grid import PRIVATE_ONLY, BenchConfig, cells
 from dpsynth.config import DataConfig, PrivacyConfig
+from dpsynth.errors import DpsynthError
+
+
+def _on_own_records(config: dict) -> bool:
+    """A cell reads the user's records (a file, the Hub, records given in Python, or the parties' files), not a
+    public corpus."""
+    data = DataConfig.model_validate(config.get("data") or {})
+    federated_files = (config.get("federated") or {}).get("partition") in ("files", "nodes")
+    return data.corpus is None and (data.own or federated_files)
 
 
 def spending_note(bench: BenchConfig) -> str | None:
     """One line on what the grid spends on the user's own records; None when its private data is a public corpus."""
-    data = DataConfig.model_validate(bench.base.get("data") or {})
-    federated_files = (bench.base.get("federated") or {}).get("partition") in ("files", "nodes")
-    if data.corpus is not None or not (data.own or federated_files):
-        return None
+    try:
+        grid = cells(bench)
+        own = [c for c in grid if _on_own_records(c["config"])]
+        deltas = [PrivacyConfig.model_validate(c["config"].get("privacy") or {}).delta for c in own]
+    except (ValidationError, DpsynthError):
+        return None  # the grid's own check reports the bad field before any cell runs
     dp, plain = 0, 0
     epsilon = delta = 0.0
-    for cell in cells(bench):
+    for cell, cell_delta in zip(own, deltas):
         eps = cell["epsilon"]
         if cell["method"] == PRIVATE_ONLY or (eps is not None and math.isinf(eps)):
             plain += 1
         elif eps is not None:
             dp += 1
             epsilon += eps
-            delta += PrivacyConfig.model_validate(cell["config"].get("privacy") or {}).delta
+            delta += cell_delta
     if dp == 0 and plain == 0:
         return None
     cells_word = "cell spends" if dp == 1 else "cells spend"

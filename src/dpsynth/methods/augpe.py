@@ -39,8 +39,8 @@ from dpsynth.methods.generation import (
     GenerationPlan,
     SyntheticSample,
     generate_samples,
-    plan_counts,
     request_seed,
+    split_count,
     zero_shot_requests,
 )
 from dpsynth.methods.registry import register
@@ -54,7 +54,7 @@ VOTE_SIGMA = "vote_sigma"
 
 
 class AugPEOptions(SamplingOptions):
-    """The `augpe:` section: Aug-PE / Private Evolution with one PLM (Xie et al. 2024)."""
+    """The `augpe:` section: Aug-PE / Private Evolution (Xie et al. 2024) with one PLM, or several with `fuse`."""
 
     n: PositiveInt = Field(600, description="population size (each iteration's requests)")
     iterations: int = Field(5, ge=2, description="T, including the initial random-API population")
@@ -103,6 +103,14 @@ def apply_threshold(noisy: np.ndarray, threshold: float) -> np.ndarray:
     return np.maximum(np.asarray(noisy, dtype=np.float64) - threshold, 0.0)
 
 
+def shared_population_plans(n: int, plms: list[str], label_shares: dict[str, float]) -> list[GenerationPlan]:
+    """N split over the labels first (as one PLM would write them), then each label's count equally over the PLMs:
+    splitting over PLMs first rounds twice, and a label can get no request at all (N=6, 4 labels, 2 PLMs)."""
+    per_label = dict(zip(label_shares, split_count(n, list(label_shares.values()))))
+    shares = {label: split_count(count, [1.0] * len(plms)) for label, count in per_label.items()}
+    return [GenerationPlan(plm, {label: shares[label][k] for label in per_label}) for k, plm in enumerate(plms)]
+
+
 def distinct_in_order(parents: dict[str, list[SyntheticSample]]) -> list[SyntheticSample]:
     """Each selected parent once, label by label in selection order (rank: by votes). Aug-PE's code saves a
     parent drawn twice twice; a released dataset gains nothing from repeated rows, so dpsynth keeps one."""
@@ -143,6 +151,7 @@ class AugPE(Method[AugPEOptions, AugPEState]):
     summary = "Aug-PE / Private Evolution with one PLM, or several sharing one population (Pre-Text when federated)"
     prompt_examples = 1
     one_generator_per_run = True
+    several_plms_hint = ", or set augpe.fuse: true to let them share one population"
 
     def iterations(self) -> int:
         return self.options.iterations
@@ -184,7 +193,7 @@ class AugPE(Method[AugPEOptions, AugPEState]):
     def step(self, ctx: StepContext, state: AugPEState, t: int) -> dict:
         a, seed, task = self.options, self.config.seed, ctx.task
         settings = a.prompt_settings()
-        plans = plan_counts(a.n, {g.display_name: 1.0 for g in self.config.generators}, ctx.label_shares)
+        plans = shared_population_plans(a.n, [g.display_name for g in self.config.generators], ctx.label_shares)
         totals = {label: sum(p.per_label[label] for p in plans) for label in plans[0].per_label}
         record: dict = {"iteration": t}
         if t == 0:

@@ -149,6 +149,7 @@ class Method(ABC, Generic[OptionsT, StateT]):
     State: ClassVar[type[MethodState]]
     uses_private_data: ClassVar[bool] = True
     one_generator_per_run: ClassVar[bool] = False  # single-PLM methods: bench runs one cell per PLM
+    several_plms_hint: ClassVar[str] = ""  # how such a method can take several PLMs, if it can
     summary: ClassVar[str] = ""
 
     def __init__(self, config: RunConfig) -> None:
@@ -163,7 +164,8 @@ class Method(ABC, Generic[OptionsT, StateT]):
         if config.federated is not None and not cls.uses_private_data and config.resample is None:
             raise ValueError(f"{cls.name} uses no private data; it has no federated mode")
         if cls.runs_alone(config.options(cls.name)) and len(config.generators) != 1:
-            raise ValueError(f"{cls.name} uses exactly one PLM (as in its paper); run it once per PLM")
+            raise ValueError(f"{cls.name} uses exactly one PLM (as in its paper); run it once per PLM"
+                             f"{cls.several_plms_hint}")
         need = cls.context_tokens(config)
         for i, g in enumerate(config.generators):
             if g.kind == "llama_cpp" and g.n_ctx < need:
