@@ -275,7 +275,8 @@ def test_fused_augpe_shares_one_population_among_several_plms(tmp_path, monkeypa
     rows = [json.loads(line) for line in (tmp_path / "fused" / "synthetic.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and {r["iteration"] for r in rows} == {1}  # the top third (ceil 4/3) of each label's 4
     metrics = json.loads((tmp_path / "fused" / "metrics.json").read_text())
-    assert set(metrics["samples_per_plm"]) == {"a", "b"}
+    assert [{plm: g["requested"] for plm, g in it["generated"].items()} for it in metrics["iterations"][:2]] == [
+        {"a": 4, "b": 4}] * 2
     privacy = json.loads((tmp_path / "fused" / "privacy.json").read_text())
     assert [e["name"] for e in privacy["events"]] == ["augpe.votes[iteration=1]", "augpe.votes[iteration=2]"]
     assert privacy["epsilon"] <= 2.0 + 1e-9
@@ -304,3 +305,86 @@ def test_shared_population_plans_split_labels_first_and_match_one_plm() -> None:
     assert shared_population_plans(20, ["x"], skewed) == plan_counts(20, {"x": 1.0}, skewed)
     assert {c: sum(p.per_label[c] for p in shared_population_plans(20, ["x", "y"], skewed)) for c in skewed} == {
         "rare": 1, "common": 19}
+
+
+@pytest.mark.parametrize("n,plms,labels", [(6, 2, 4), (10, 3, 4), (7, 3, 2), (60, 2, 2), (5, 5, 1), (9, 1, 3)])
+def test_fused_requests_are_dealt_once_each_and_evenly(n: int, plms: int, labels: int) -> None:
+    """Every request place of a label is dealt to exactly one PLM, each PLM's total is within one of an equal share,
+    and a label's leftover starts at another PLM for each label (with runs, the first PLM took every leftover)."""
+    from dpsynth.methods.augpe import dealt_position, shared_population_plans
+
+    names, shares = [f"p{k}" for k in range(plms)], {f"l{i}": 1.0 / labels for i in range(labels)}
+    plans = shared_population_plans(n, names, shares)
+    totals = [sum(p.per_label.values()) for p in plans]
+    assert sum(totals) == n and max(totals) - min(totals) <= 1
+    for i, label in enumerate(shares):
+        count = sum(p.per_label[label] for p in plans)
+        places = sorted(dealt_position(k, i, j, plms) for k, p in enumerate(plans) for j in range(p.per_label[label]))
+        assert places == list(range(count))
+
+
+def test_fused_population_is_ordered_as_dealt_so_zero_vote_ties_do_not_favour_the_first_plm() -> None:
+    """With the population PLM by PLM, rank's stable sort filled the slots left by zero votes from the first
+    PLM's samples; dealt, they alternate between PLMs (and a PLM's re-asked answer takes its next place)."""
+    from dpsynth.methods.augpe import in_dealt_order, select_parents
+
+    population = [SyntheticSample(i, f"{plm} {label} {j}", label, plm, 0)
+                  for i, (plm, label, j) in enumerate((plm, label, j) for plm in "ab" for label in ("x", "y")
+                                                      for j in range(3))]
+    dealt = in_dealt_order(population, ["a", "b"], ["x", "y"])
+    assert [x.text for x in dealt] == ["a x 0", "b x 0", "a x 1", "b x 1", "a x 2", "b x 2",
+                                       "b y 0", "a y 0", "b y 1", "a y 1", "b y 2", "a y 2"]
+    noisy = np.zeros(len(dealt))
+    noisy[2] = 5.0  # one vote above zero among x's six: the other kept parent comes from the ties
+    parents = select_parents(noisy, dealt, {"x": 2}, "rank", np.random.default_rng(0), fold=3)
+    assert [p.text for p in parents["x"]] == ["a x 1", "a x 0"]
+    parents = select_parents(np.zeros(len(dealt)) + np.eye(len(dealt))[0] * 5, dealt, {"x": 2}, "rank",
+                             np.random.default_rng(0), fold=3)
+    assert [p.plm for p in parents["x"]] == ["a", "b"]
+
+
+def test_fused_plms_each_write_both_variation_kinds_with_as_many_plms_as_rank_fold(tmp_path, monkeypatch) -> None:
+    """Under rank with `variation: mixed`, a parent's children alternate kinds; with the children in runs, three
+    PLMs and rank_fold 3 gave each PLM one kind only (the first and third paraphrased, the second filled blanks)."""
+    from fakes import FakeGenerator
+
+    from dpsynth.runs.engine import Run
+
+    asked: list[tuple[str, str]] = []
+    generate = FakeGenerator.generate
+
+    def recording(self, requests, on_result=None):
+        asked.extend((self.name, r.prompt_text()) for r in requests)
+        return generate(self, requests, on_result)
+
+    monkeypatch.setattr(FakeGenerator, "generate", recording)
+    csv = tmp_path / "private.csv"
+    csv.write_text("text,label\n" + "".join(f"private review {i} of a {'great' if i % 2 else 'poor'} film,"
+                                            f"{'pos' if i % 2 else 'neg'}\n" for i in range(20)))
+    raw = {"method": "augpe", "data": {"private": str(csv)},
+           "task": {"text_kind": "review", "labels": {"pos": "positive", "neg": "negative"}},
+           "generators": [{"kind": "fake", "model": m} for m in "abc"],
+           "augpe": {"n": 18, "iterations": 2, "selection": "rank", "rank_fold": 3, "fuse": True},
+           "privacy": {"epsilon": 2.0, "delta": 1e-3}, "evaluate": False, "seed": 1}
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    FakeGenerator.calls, FakeGenerator.fail_after = [], None
+    Run.create(parse_config(raw), tmp_path / "run").execute()
+    variations = asked[18:]
+    assert len(variations) == 18
+    for plm in "abc":
+        kinds = {"fill" if "blanks" in text else "paraphrase" for name, text in variations if name == plm}
+        assert kinds == {"fill", "paraphrase"}, plm
+
+
+def test_fused_augpe_refuses_fewer_samples_than_generators() -> None:
+    """With N below the PLMs sharing the population one would write nothing: refused before anything is spent."""
+    from dpsynth.data.public import task_for
+    from dpsynth.methods.registry import method_class
+
+    raw = {"method": "augpe", "data": {"corpus": "sms_spam", "m": 100},
+           "generators": [{"kind": "fake", "model": m} for m in "abc"], "augpe": {"n": 2, "fuse": True}}
+    cfg = parse_config(raw)
+    with pytest.raises(DpsynthError, match="augpe.n=2 is smaller than the 3 generators"):
+        method_class("augpe")(cfg).check_task(task_for(cfg))
+    cfg = parse_config({**raw, "augpe": {"n": 3, "fuse": True}})
+    method_class("augpe")(cfg).check_task(task_for(cfg))

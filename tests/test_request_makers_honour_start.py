@@ -60,6 +60,7 @@ def _csv(tmp_path: Path) -> str:
 @pytest.mark.parametrize("method, options", [
     ("augpe", {"n": 8, "iterations": 2}),
     ("augpe", {"n": 8, "iterations": 2, "variation": "mixed"}),
+    ("augpe", {"n": 9, "iterations": 2, "selection": "rank", "fuse": True}),  # dealt places, 5 and 4 a PLM
     ("dpga", {"n": 12, "generations": 2, "length_cap": 64, "keywords_asked": 5, "keywords_kept": 3}),
 ])
 def test_a_methods_request_maker_honours_the_plans_start(method, options, tmp_path, monkeypatch, captured) -> None:
@@ -70,7 +71,8 @@ def test_a_methods_request_maker_honours_the_plans_start(method, options, tmp_pa
 
     monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
     FakeGenerator.calls, FakeGenerator.fail_after = [], None
-    gens = [{"kind": "fake", "model": "a"}] + ([{"kind": "fake", "model": "b"}] if method == "dpga" else [])
+    several = method == "dpga" or options.get("fuse", False)
+    gens = [{"kind": "fake", "model": "a"}] + ([{"kind": "fake", "model": "b"}] if several else [])
     cfg = parse_config({"method": method, "data": {"private": _csv(tmp_path)},
                         "task": {"text_kind": "review", "labels": {"pos": "positive", "neg": "negative"}},
                         "generators": gens, method: options,

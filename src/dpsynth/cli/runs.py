@@ -313,7 +313,8 @@ def dry_run_report(config: RunConfig) -> None:
     k = len(config.generators)
     typer.echo(f"generator requests: {total} in all (before re-asks of dropped or duplicate samples; the token and "
                "cost bounds below are for these)"
-               + ("; split equally here, WASP's weights move them between PLMs" if k > 1 else ""))
+               + ("; split equally here" + (f", {method.name}'s weights move them between PLMs as it runs"
+                                             if method.reweights_plms else "") if k > 1 else ""))
     for g in config.generators:
         n = -(-total // k)
         line = (f"  {g.display_name} ({g.kind}: {g.model}): about {n} requests; at most {n * prompt} prompt + "

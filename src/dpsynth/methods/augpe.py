@@ -104,11 +104,38 @@ def apply_threshold(noisy: np.ndarray, threshold: float) -> np.ndarray:
 
 
 def shared_population_plans(n: int, plms: list[str], label_shares: dict[str, float]) -> list[GenerationPlan]:
-    """N split over the labels first (as one PLM would write them), then each label's count equally over the PLMs:
-    splitting over PLMs first rounds twice, and a label can get no request at all (N=6, 4 labels, 2 PLMs)."""
+    """N split over the labels first (as one PLM would write them), then each label's requests dealt to the PLMs in
+    turn (`dealt_position`): splitting over PLMs first rounds twice, and a label can get no request at all (N=6, 4
+    labels, 2 PLMs). Each label's deal starts at another PLM, so a label's leftover request does not always go to
+    the first PLM and every PLM's total is within one of an equal share."""
     per_label = dict(zip(label_shares, split_count(n, list(label_shares.values()))))
-    shares = {label: split_count(count, [1.0] * len(plms)) for label, count in per_label.items()}
-    return [GenerationPlan(plm, {label: shares[label][k] for label in per_label}) for k, plm in enumerate(plms)]
+    p = len(plms)
+    return [GenerationPlan(plm, {label: len(range((k - i) % p, count, p))
+                                 for i, (label, count) in enumerate(per_label.items())})
+            for k, plm in enumerate(plms)]
+
+
+def dealt_position(plm: int, label: int, j: int, plms: int) -> int:
+    """The place among all PLMs' requests of the `label`-th label of the `plm`-th PLM's j-th one, when the label's
+    requests are dealt in turn starting at PLM `label` mod `plms`. Dealt, not in runs: with runs, PLM k varied only
+    the k-th child of each parent (under rank), so with as many PLMs as `rank_fold` each wrote one variation kind,
+    and the zero-vote ties of the next selection, broken by place, went to the first PLM's samples."""
+    return (plm - label) % plms + j * plms
+
+
+def in_dealt_order(samples: list[SyntheticSample], plms: list[str], labels: list[str]) -> list[SyntheticSample]:
+    """A fused population label by label, each label's samples in the order their requests were dealt (a sample
+    whose answer was re-asked takes its PLM's next place), so that ties in the votes are broken by the parents' rank
+    and not by which PLM wrote the sample."""
+    own: dict[tuple[str, str], list[SyntheticSample]] = {}
+    for x in samples:
+        own.setdefault((x.label, x.plm), []).append(x)
+    out: list[SyntheticSample] = []
+    for i, label in enumerate(labels):
+        placed = [(dealt_position(k, i, j, len(plms)), x)
+                  for k, plm in enumerate(plms) for j, x in enumerate(own.get((label, plm), []))]
+        out += [x for _, x in sorted(placed, key=lambda pair: pair[0])]
+    return out
 
 
 def distinct_in_order(parents: dict[str, list[SyntheticSample]]) -> list[SyntheticSample]:
@@ -178,6 +205,10 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         if self.options.n < len(task.labels):
             raise DpsynthError(f"augpe.n={self.options.n} is smaller than the number of labels "
                                f"({len(task.labels)}); raise augpe.n")
+        plms = len(self.config.generators)
+        if self.options.fuse and self.options.n < plms:
+            raise DpsynthError(f"augpe.n={self.options.n} is smaller than the {plms} generators sharing the "
+                               "population (augpe.fuse), so one would write nothing; raise augpe.n")
 
     def schedule(self) -> Schedule:
         """Votes on population t-1, cast in iterations 1..T-1 (iteration 0 is the random API)."""
@@ -195,6 +226,8 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         settings = a.prompt_settings()
         plans = shared_population_plans(a.n, [g.display_name for g in self.config.generators], ctx.label_shares)
         totals = {label: sum(p.per_label[label] for p in plans) for label in plans[0].per_label}
+        plm_index = {p.plm: k for k, p in enumerate(plans)}
+        label_index = {label: i for i, label in enumerate(totals)}
         record: dict = {"iteration": t}
         if t == 0:
             state.output = a.output
@@ -219,14 +252,11 @@ class AugPE(Method[AugPEOptions, AugPEState]):
             # under rank, parent j % K's children alternate kinds by round (j // K), so that a parent's rank_fold
             # children are not all of one kind when K is even
             distinct = {label: len({p.id for p in ps}) or 1 for label, ps in parents.items()}
-            # fused: each PLM varies its own run of the label's parents (those before it belong to the PLMs before)
-            first = {p.plm: {label: sum(q.per_label[label] for q in plans[:i]) for label in totals}
-                     for i, p in enumerate(plans)}
 
             def make_requests(plan: GenerationPlan, attempt: int, chat: bool):
                 out = []
                 for label, j in plan.indices():
-                    g = first[plan.plm][label] + j  # the request's place among all PLMs' requests of the label
+                    g = dealt_position(plm_index[plan.plm], label_index[label], j, len(plans))
                     parent = parents[label][(g + attempt * 7) % len(parents[label])]
                     turn = g // distinct[label] if a.selection == "rank" else g
                     kind = a.variation if a.variation != "mixed" else ("paraphrase", "fill_blank")[turn % 2]
@@ -244,9 +274,9 @@ class AugPE(Method[AugPEOptions, AugPEState]):
                                       make_requests=make_requests, max_attempts=a.max_attempts,
                                       on_progress=ctx.generation_progress(t))
         ctx.add_time("generation", t0)
-        state.population = new
+        state.population = in_dealt_order(new, list(plm_index), list(totals)) if len(plans) > 1 else new
         if t == 0:
-            state.initial = list(new)
+            state.initial = list(state.population)
         record.update(generated=stats, population=len(new))
         return record
 

@@ -150,6 +150,7 @@ class Method(ABC, Generic[OptionsT, StateT]):
     uses_private_data: ClassVar[bool] = True
     one_generator_per_run: ClassVar[bool] = False  # single-PLM methods: bench runs one cell per PLM
     several_plms_hint: ClassVar[str] = ""  # how such a method can take several PLMs, if it can
+    reweights_plms: ClassVar[bool] = False  # moves requests between PLMs as it runs (WASP): a dry run says so
     summary: ClassVar[str] = ""
 
     def __init__(self, config: RunConfig) -> None:

@@ -168,6 +168,7 @@ def build_requests(
 @register
 class Wasp(Method[WaspOptions, WaspState]):
     name = "wasp"
+    reweights_plms = True
     Options = WaspOptions
     State = WaspState
     summary = "weighted multi-PLM generation with Top-Q near/far votes and contrastive prompts (papers/000)"
