@@ -90,7 +90,7 @@ def fake_llama(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_threads_default_to_the_available_cores(fake_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(llama_backend, "busy_share_of_own_cores", lambda: 0.0)
     build_generator(GeneratorConfig(model=str(fake_llama), chat=False))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert llama_backend.available_cores() == cores
@@ -99,7 +99,7 @@ def test_threads_default_to_the_available_cores(fake_llama: Path, monkeypatch: p
 
 
 def test_threads_from_the_config_reach_llama_cpp(fake_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(llama_backend, "busy_share_of_own_cores", lambda: 0.0)
     build_generator(GeneratorConfig(model=str(fake_llama), chat=False, threads=3))
     assert _FakeLlama.made[-1]["n_threads"] == _FakeLlama.made[-1]["n_threads_batch"] == 3
     with pytest.raises(ValidationError, match="threads"):
@@ -109,7 +109,7 @@ def test_threads_from_the_config_reach_llama_cpp(fake_llama: Path, monkeypatch: 
 def test_a_busy_machine_warns_once(fake_llama: Path, monkeypatch: pytest.MonkeyPatch,
                                    caplog: pytest.LogCaptureFixture) -> None:
     cores = llama_backend.available_cores()
-    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 0.5, 0.0, 0.0))
+    monkeypatch.setattr(llama_backend, "busy_share_of_own_cores", lambda: float(cores))
     with caplog.at_level(logging.WARNING, logger=llama_backend.__name__):
         build_generator(GeneratorConfig(model=str(fake_llama), chat=False, name="one"))
         build_generator(GeneratorConfig(model=str(fake_llama), chat=False, name="two"))
@@ -120,10 +120,43 @@ def test_a_busy_machine_warns_once(fake_llama: Path, monkeypatch: pytest.MonkeyP
 
 def test_an_idle_machine_does_not_warn(fake_llama: Path, monkeypatch: pytest.MonkeyPatch,
                                        caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(os, "getloadavg", lambda: (llama_backend.available_cores() - 0.5, 0.0, 0.0))
+    monkeypatch.setattr(llama_backend, "busy_share_of_own_cores", lambda: llama_backend.available_cores() - 1.0)
     with caplog.at_level(logging.WARNING, logger=llama_backend.__name__):
         build_generator(GeneratorConfig(model=str(fake_llama), chat=False))
     assert not caplog.records
+
+
+@pytest.mark.parametrize("load,warns", [(0.5, False), (64.0, True)])
+def test_without_proc_stat_the_load_average_over_all_cores_decides(
+        load: float, warns: bool, fake_llama: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(llama_backend, "busy_share_of_own_cores", lambda: None)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    with caplog.at_level(logging.WARNING, logger=llama_backend.__name__):
+        build_generator(GeneratorConfig(model=str(fake_llama), chat=False))
+    assert bool(caplog.records) == warns
+
+
+def test_busy_cores_are_measured_on_the_process_own_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process pinned to core 0 (taskset -c 0) while other work fills core 1 read, with the machine's load
+    average, as on a busy machine; on its own cores it reads as free, and core 0 filled reads as busy."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+
+    def stats(busy_cpu: int):
+        snapshots = iter([(0, 0), (100, 0)])  # (user ticks of the busy cpu, idle ticks of the others) per read
+
+        def read() -> str:
+            ticks, _ = next(snapshots)
+            lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+            for cpu in (0, 1):
+                user, idle = (ticks, 0) if cpu == busy_cpu else (0, ticks)
+                lines.append(f"cpu{cpu} {user} 0 0 {idle} 0 0 0 0 0 0")
+            return "\n".join(lines)
+        return read
+
+    assert llama_backend.busy_share_of_own_cores(stats(busy_cpu=1), wait=0) == 0.0
+    assert llama_backend.busy_share_of_own_cores(stats(busy_cpu=0), wait=0) == 1.0
+    assert llama_backend.busy_share_of_own_cores(lambda: "not /proc/stat at all", wait=0) is None
 
 
 # -- the run summary when piped --------------------------------------------------------------------

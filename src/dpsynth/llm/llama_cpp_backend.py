@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,24 +37,66 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def cpu_times(stat: str) -> dict[int, tuple[int, int]]:
+    """(busy, total) jiffies per CPU from /proc/stat's text (idle and iowait count as not busy)."""
+    out = {}
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            ticks = [int(x) for x in fields]
+            idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+            out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+    return out
+
+
+def busy_share_of_own_cores(read_stat: Callable[[], str] = lambda: Path("/proc/stat").read_text(),
+                            wait: float = 0.2) -> float | None:
+    """How many of this process's cores other work keeps busy (0 to the number of cores), measured over `wait`
+    seconds on the cores of its affinity; None where /proc/stat cannot be read. The machine-wide load average
+    cannot say this for a process pinned to some cores (`taskset -c 0`): one busy core of two read as a busy
+    machine, and a second process pinned to the same core as none."""
+    try:
+        before = cpu_times(read_stat())
+        time.sleep(wait)
+        after = cpu_times(read_stat())
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError, ValueError, IndexError):
+        return None
+    measured = cpus & before.keys() & after.keys()
+    if not measured:
+        return None
+    busy = 0.0
+    for cpu in measured:
+        d_busy, d_total = after[cpu][0] - before[cpu][0], after[cpu][1] - before[cpu][1]
+        busy += d_busy / d_total if d_total > 0 else 0.0
+    return busy
+
+
 def warn_if_busy(threads: int) -> None:
-    """Warn once per process when the machine's 1-minute load average exceeds the available cores."""
+    """Warn once per process when other work keeps this process's cores busy as a model loads: measured on its
+    own cores where Linux says (`busy_share_of_own_cores`), else the 1-minute load average over all cores."""
     global _warned_busy
     if _warned_busy:
         return
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average on this platform
-        return
     cores = available_cores()
-    if load > cores:
+    busy = busy_share_of_own_cores()
+    if busy is not None:
+        busy_now, what = busy > cores - 0.5, f"{busy:.1f} of its {cores} core(s) in use by other work"
+    else:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # no load average on this platform
+            return
+        total = os.cpu_count() or cores
+        busy_now, what = load > total, f"1-minute load average {load:.1f} on {total} core(s)"
+    if busy_now:
         _warned_busy = True
         log.warning(
-            "slow generation ahead: the machine is busy (1-minute load average %.1f on %d available core(s)) as a "
-            "llama.cpp model loads with %d thread(s): concurrent generation runs slow each other down (llama.cpp's "
-            "threads spin while they wait when cores are oversubscribed); run one at a time, or share the cores by "
-            "setting `threads:` for each local model in the config's generators (e.g. threads: %d)",
-            load, cores, threads, max(1, cores // 2),
+            "slow generation ahead: the machine is busy (%s) as a llama.cpp model loads with %d thread(s): "
+            "concurrent generation runs slow each other down (llama.cpp's threads spin while they wait when cores "
+            "are oversubscribed); run one at a time, or share the cores by setting `threads:` for each local model "
+            "in the config's generators (e.g. threads: %d)",
+            what, threads, max(1, cores // 2),
         )
 
 
