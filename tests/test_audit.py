@@ -160,6 +160,31 @@ def test_audit_refutes_a_method_that_leaks_private_records_into_its_prompts(tmp_
         assert not any(row.split(",")[0] in text for row in private), f"a private record in {name}"
 
 
+def test_the_audit_cost_leaves_out_reading_the_private_records(tmp_path: Path, _isolated,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """audit.json is shared, so its audit_seconds must not grow with the number of private records (as
+    metrics.json's wall leaves the data holder's time out): on a clock that moves only while the audit reads and
+    checks the private records, it is exactly the audited run's wall."""
+    from types import SimpleNamespace
+
+    from dpsynth.audit import run_audit as audit_module
+
+    clock = [0.0]
+    monkeypatch.setattr(audit_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def reading(f):
+        def wrapped(*args, **kwargs):
+            clock[0] += 100.0
+            return f(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(audit_module, "_private_with_canaries", reading(audit_module._private_with_canaries))
+    monkeypatch.setattr(audit_module, "check_before_start", reading(audit_module.check_before_start))
+    result = audit_module.run_audit(parse_config(_config(tmp_path, "test-leaky-fewshot", 1.0)), tmp_path / "audit",
+                                    canaries=16)
+    assert clock[0] == 200.0 and result["cost"]["audit_seconds"] == result["cost"]["audited_run_seconds"]
+
+
 def test_person_level_audit_plants_each_canary_as_k_records_of_one_person(tmp_path: Path, _isolated) -> None:
     """Issue 36: with data.person_column the canaries are persons of k identical records; the real records keep
     their persons; a leak is still refuted (against the person-level claim), and a DP run is not."""

@@ -118,6 +118,9 @@ def test_adjacency_user_level_and_ablations_in_the_schedule() -> None:
     # the subsampled Gaussian's PLD applies the replace relation itself: it gets one record's own norm
     assert votes[0].sensitivity == 1.0 and votes[0].event(2.0).noise_multiplier == 2.0
     assert replace.schedule.by_name("dpga.lengths").sensitivity == 2.0  # an L1 count histogram under replace
+    # so the report says which figure is which: the votes' is a per-unit bound, the histograms' a sensitivity
+    labels = {k["name"]: k["sensitivity_label"] for k in replace.describe(replace.calibrate())["knobs"]}
+    assert labels["vote_sigma"].startswith("per-unit bound (add/remove") and labels["lengths_scale"] == "sensitivity"
     with pytest.raises(DpsynthError, match="record-level privacy"):
         plan_for_method("dpga", epsilon=4, max_records_per_user=2, options={"generations": 2})
     user = plan_for_method("dpga", epsilon=4, max_records_per_user=2, options={"generations": 2, "sampling_rate": 1})

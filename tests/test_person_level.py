@@ -11,6 +11,7 @@ import pytest
 from dpsynth.data.loaders import LoadedRecords, load_records
 from dpsynth.data.records import LabelledTexts
 from dpsynth.errors import DpsynthError
+from dpsynth.privacy.accountant import Adjacency
 from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.private.dataset import bound_per_person, load_private
 from dpsynth.runs.config import parse_config
@@ -90,6 +91,46 @@ def test_brute_force_over_neighbours_that_differ_in_one_person(spec: VoteSpec, k
     if spec.kind in ("label_counts", "popri", "embedding_sums"):
         assert worst == pytest.approx(bound)  # attained by the person with identical records
         assert unbounded > bound + 0.5  # the bound is what keeps the promise
+
+
+@pytest.mark.parametrize("spec", [VoteSpec(kind="wasp", q=2), VoteSpec(kind="rank", weights=(1.0, 0.5)),
+                                  VoteSpec(kind="label_counts"), VoteSpec(kind="popri"),
+                                  VoteSpec(kind="embedding_sums")], ids=lambda s: s.kind)
+@pytest.mark.parametrize("k", [1, 3])
+def test_brute_force_over_neighbours_that_replace_one_person(spec: VoteSpec, k: int) -> None:
+    """Replace adjacency with a person as the unit: any one person's records swapped for a newcomer's (more than k
+    identical records pointing the other way, with the other label; bounded to k like everyone's) move the votes
+    by at most the k-record replace sensitivity. For label counts the bound is attained (k records of one label
+    swapped for k of the other)."""
+    rng = np.random.default_rng(10 + k)
+    loaded = _people(rng, [k + 2, 1, 2, k + 3, 1, 4])
+    n, d, extra = len(loaded.records), 5, k + 2
+    emb = rng.normal(size=(n + extra, d))
+    heavy = [i for i, p in enumerate(loaded.persons or []) if p == "p0"]
+    emb[heavy] = emb[heavy[0]]
+    emb[n:] = -emb[heavy[0]]
+    for i in heavy:
+        loaded.records.labels[i] = "0"
+    if spec.kind in ("label_counts", "embedding_sums"):
+        cand, cand_labels = np.zeros((2, d if spec.kind == "embedding_sums" else 1)), np.arange(2)
+    else:
+        cand, cand_labels = rng.normal(size=(12, d)), rng.integers(0, 2, 12)
+
+    def replaced(person: str) -> LoadedRecords:
+        rest = _without(loaded, person)
+        return LoadedRecords(LabelledTexts(rest.records.texts + [f"r{n + j}" for j in range(extra)],
+                                           rest.records.labels + ["1"] * extra), (rest.persons or []) + ["new"] * extra)
+
+    def votes(data: LoadedRecords) -> np.ndarray:
+        records = bound_per_person(data, k, SALT).records
+        rows = [int(t[1:]) for t in records.texts]
+        return compute_votes(spec, emb[rows], np.array([int(y) for y in records.labels]), cand, cand_labels)
+
+    bound = vote_sensitivity(spec, Adjacency.REPLACE, max_records_per_user=k)
+    worst = max(float(np.linalg.norm(votes(loaded) - votes(replaced(p)))) for p in sorted(set(loaded.persons or [])))
+    assert worst <= bound + 1e-9
+    if spec.kind == "label_counts":
+        assert worst == pytest.approx(bound)
 
 
 def _file(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:

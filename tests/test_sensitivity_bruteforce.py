@@ -13,12 +13,13 @@ from dpsynth.privacy.sensitivity import (
     knn_votes_sensitivity,
     pe_top1_sensitivity,
     rank_votes_sensitivity,
+    vote_l1_sensitivity,
     vote_sensitivity,
     wasp_topq_sensitivity,
 )
 from dpsynth.voting.rank_votes import decaying_weights, rank_votes, wasp_votes
 from dpsynth.voting.scores import embedding_sums, popri_scores
-from dpsynth.voting.spec import VoteSpec
+from dpsynth.voting.spec import VoteSpec, compute_votes
 
 
 def _add_remove_max(vote_fn, private: np.ndarray, labels: np.ndarray, group: int = 1) -> float:
@@ -185,3 +186,30 @@ def test_embedding_sums_add_remove_and_replace() -> None:
     measured = _replace_max(sums, priv, pl, -priv, pl)
     assert measured == pytest.approx(vote_sensitivity(spec, Adjacency.REPLACE))
     assert len(sums(priv, pl)) == spec.length(3, priv.shape[1])
+
+
+@pytest.mark.parametrize("spec", [VoteSpec(kind="rank", weights=(1.0,)), VoteSpec(kind="rank", weights=(1.0, 0.5)),
+                                  VoteSpec(kind="wasp", q=3), VoteSpec(kind="label_counts")], ids=str)
+def test_l1_vote_sensitivity_add_remove_and_replace(spec: VoteSpec) -> None:
+    """The L1 bound of a Laplace vote release, against brute force: attained when a record is removed, and when
+    it is replaced by one far away with the other label (its mass moves to disjoint bins)."""
+    rng = np.random.default_rng(7)
+    priv, pl, syn, sl = _data(rng, 8, 30)
+    if spec.kind == "label_counts":
+        syn, sl = np.zeros((2, 1)), np.arange(2)
+    votes = lambda p, l: compute_votes(spec, p, l, syn, sl)  # noqa: E731
+    full = votes(priv, pl)
+    removed = max(float(np.abs(full - votes(np.delete(priv, i, 0), np.delete(pl, i))).sum()) for i in range(8))
+    assert removed == pytest.approx(vote_l1_sensitivity(spec))
+    replaced = 0.0
+    for i in range(8):
+        for sign in (-50.0, 50.0):
+            p2, l2 = priv.copy(), pl.copy()
+            p2[i], l2[i] = sign * priv[i], 1 - pl[i]
+            replaced = max(replaced, float(np.abs(full - votes(p2, l2)).sum()))
+    assert replaced <= vote_l1_sensitivity(spec, Adjacency.REPLACE) + 1e-9
+    assert replaced == pytest.approx(vote_l1_sensitivity(spec, Adjacency.REPLACE))
+    assert vote_l1_sensitivity(spec, max_records_per_user=3) == pytest.approx(3 * vote_l1_sensitivity(spec))
+    with pytest.raises(ValueError, match="bounded in L2 only"):
+        vote_l1_sensitivity(VoteSpec(kind="embedding_sums"))
+

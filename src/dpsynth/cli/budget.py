@@ -107,7 +107,8 @@ def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
     took = time.perf_counter() - start
     description = plan.describe(knobs)
     for k in description["knobs"]:
-        sens = f", sensitivity {k['sensitivity']:.5f}" if k["sensitivity"] is not None else ""
+        sens = (f", {k.get('sensitivity_label', 'sensitivity')} {k['sensitivity']:.5f}"
+                if k["sensitivity"] is not None else "")
         typer.echo(f"{k['name']}: {k['value']:.4f} on {k['releases']} release(s){sens} [{k['how']}] - "
                    f"{k['description']}")
     if vote_sigma is None:

@@ -73,6 +73,8 @@ class FederatedHolder(ReleasingHolder):
 
     def noisy_votes(self, spec: VoteSpec, candidates: np.ndarray, candidate_labels: np.ndarray, *,
                     release: ReleaseKey) -> np.ndarray:
+        self._check_vote_charge(release, spec)
+
         def draw(r: Release, sigma: float) -> np.ndarray:
             return self._round(r, sigma, spec, candidates, candidate_labels)
 
@@ -82,6 +84,7 @@ class FederatedHolder(ReleasingHolder):
         """Every party's label counts plus its noise share, summed (papers/004's profile round)."""
         spec = VoteSpec(kind="label_counts")
         placeholders = np.zeros((len(labels), 1), dtype=np.float32)  # one "candidate" per label, no content
+        self._check_vote_charge(release, spec)
 
         def draw(r: Release, sigma: float) -> np.ndarray:
             return self._round(r, sigma, spec, placeholders, np.arange(len(labels)))

@@ -119,7 +119,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         "assumptions: " + "; ".join(f"{k}={v}" for k, v in report["assumptions"].items()),
     ]
     for knob in (report.get("plan") or {}).get("knobs", []):
-        sens = f", sensitivity {knob['sensitivity']:.5f}" if knob["sensitivity"] else ""
+        label = knob.get("sensitivity_label", "sensitivity")  # privacy.json written before it was stated
+        sens = f", {label} {knob['sensitivity']:.5f}" if knob["sensitivity"] else ""
         party = f" ({knob['party_value']:.4f} per party)" if knob.get("party_value") else ""
         lines.append(f"{knob['releases']} release(s) on {knob['name']} = {knob['value']:.4f}{party} "
                      f"[{knob['how']}{sens}]")

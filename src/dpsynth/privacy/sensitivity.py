@@ -110,6 +110,27 @@ def vote_sensitivity(spec: VoteSpec, adjacency: Adjacency = Adjacency.ADD_REMOVE
     return rank_votes_sensitivity(spec.weights, adjacency, max_records_per_user=max_records_per_user)
 
 
+def vote_l1_sensitivity(spec: VoteSpec, adjacency: Adjacency = Adjacency.ADD_REMOVE, *,
+                        max_records_per_user: int = 1) -> float:
+    """L1 sensitivity of the vote vector a `VoteSpec` asks for, for a Laplace release (DPGA's keyword votes).
+
+    One record's votes are non-negative with L1 norm the sum of its weights (WASP's: both histograms'); replacing
+    it can move all of that mass to other bins, so replacement doubles it. Signed vectors of bounded L2 norm
+    (POPri's scores, embedding sums) have no L1 bound independent of their width: refused.
+    """
+    if spec.kind == "rank":
+        per_record = float(sum(spec.weights))
+    elif spec.kind == "label_counts":
+        per_record = 1.0
+    elif spec.kind == "wasp":
+        per_record = 2.0 * sum(decaying_weights(spec.q))
+    else:
+        raise ValueError(f"{spec.kind} votes are signed vectors bounded in L2 only: no Laplace release for them")
+    if max_records_per_user < 1:
+        raise ValueError("max_records_per_user must be >= 1")
+    return per_record * max_records_per_user * (2.0 if adjacency is Adjacency.REPLACE else 1.0)
+
+
 def histogram_sensitivity(
     adjacency: Adjacency = Adjacency.ADD_REMOVE, *, norm: int = 2, max_records_per_user: int = 1
 ) -> float:

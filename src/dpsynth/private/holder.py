@@ -23,7 +23,7 @@ from dpsynth.data.records import LabelledTexts
 from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
 from dpsynth.finetune.request import AdapterTraining
-from dpsynth.privacy.accountant import epsilon_tight
+from dpsynth.privacy.accountant import Adjacency, epsilon_tight
 from dpsynth.privacy.events import (
     GaussianEvent,
     LaplaceEvent,
@@ -33,6 +33,7 @@ from dpsynth.privacy.events import (
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource, above_threshold
 from dpsynth.privacy.schedule import Release, Schedule
+from dpsynth.privacy.sensitivity import vote_l1_sensitivity, vote_sensitivity
 from dpsynth.private.releases import ReleaseStore
 from dpsynth.voting.spec import VoteSpec, compute_votes
 
@@ -111,8 +112,11 @@ class ReleasingHolder:
     """The release path shared by every holder: schedule lookup, charge, compute+noise, save."""
 
     def __init__(self, ledger: PrivacyLedger, noise: NoiseSource, schedule: Schedule, knobs: dict[str, float],
-                 store: ReleaseStore) -> None:
+                 store: ReleaseStore, records_per_unit: int = 1) -> None:
+        """`records_per_unit`: the most records one unit of privacy holds (a person's bound k, a party's
+        records), by which every sensitivity scales; the vote check below uses it."""
         self.ledger = ledger
+        self.records_per_unit = records_per_unit
         self.noise = noise
         self.schedule = schedule
         self.knobs = knobs
@@ -141,6 +145,32 @@ class ReleasingHolder:
         if not isinstance(event, PureDpEvent):  # a sparse-vector answer is a bound, not a noisy count
             self.diagnostics[release.name] = signal_to_noise(out, value)
         return out.copy()
+
+    def _check_vote_charge(self, key: ReleaseKey, spec: VoteSpec) -> None:
+        """Refuse votes more sensitive than their release was charged for, before anything is charged or computed.
+
+        A release's sensitivity comes from its method's schedule and the vote definition from its step: were the
+        two ever to disagree (a step asking WASP's Top-Q votes on a release charged as Aug-PE's one vote), the
+        noise would be calibrated for the smaller sensitivity. The same derivation the parties' own ledgers use
+        (`vote_sensitivity`; `vote_l1_sensitivity` for a Laplace release) checks it here. A Poisson-subsampled
+        release states its per-unit bound under add/remove (the accountant applies the adjacency), a Gaussian or
+        Laplace one its sensitivity under the run's."""
+        release = self.schedule.get(*key)
+        value = self.knobs[release.knob]
+        booked = release.event(value if value > 0 else 1.0)
+        if isinstance(booked, SubsampledGaussianEvent):
+            charged = (value if value > 0 else 1.0) / booked.noise_multiplier
+            adjacency = Adjacency.ADD_REMOVE
+        elif isinstance(booked, (GaussianEvent, LaplaceEvent)):
+            charged, adjacency = booked.sensitivity, self.ledger.adjacency
+        else:
+            raise TypeError(f"release {release.name}: votes need an additive noise release, not "
+                            f"{type(booked).__name__}")
+        sensitivity = vote_l1_sensitivity if isinstance(booked, LaplaceEvent) else vote_sensitivity
+        needed = sensitivity(spec, adjacency, max_records_per_user=self.records_per_unit)
+        if needed > charged * (1 + 1e-9):
+            raise ValueError(f"release {release.name} is charged for sensitivity {charged:.6g}, but the votes asked "
+                             f"of it ({spec.kind}) have sensitivity {needed:.6g}")
 
     def _noised(self, release: Release, value: float, clean: np.ndarray) -> np.ndarray:
         """clean + noise of scale `value` (the knob: a Laplace scale or a Gaussian sigma), with the
@@ -228,6 +258,8 @@ class CentralHolder(ReleasingHolder):
 
     def noisy_votes(self, spec: VoteSpec, candidates: np.ndarray, candidate_labels: np.ndarray, *,
                     release: ReleaseKey) -> np.ndarray:
+        self._check_vote_charge(release, spec)
+
         def draw(r: Release, value: float) -> np.ndarray:
             # the clean vector (and the subsample) never leave this function
             booked = r.event(value if value > 0 else 1.0)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth.config import GeneratorConfig, RunConfig
+from dpsynth.config import GeneratorConfig, RunConfig, records_per_unit
 from dpsynth.data.corpora import get_corpus
 from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import TaskSpec
@@ -69,7 +69,7 @@ def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyL
     records handed over in Python (data.in_memory)."""
     config, method = plan.config, plan.method
     common = dict(ledger=ledger, noise=NoiseSource(config.privacy.noise_seed), schedule=plan.schedule, knobs=knobs,
-                  store=store)
+                  store=store, records_per_unit=records_per_unit(config))
     if config.federated is not None:
         from dpsynth.federated.holder import FederatedHolder
 

@@ -21,7 +21,7 @@ from dpsynth.methods.resample import resample_schedule
 from dpsynth.privacy.accountant import epsilon_rdp
 from dpsynth.privacy.events import SubsampledGaussianEvent
 from dpsynth.privacy.ledger import Assumptions
-from dpsynth.privacy.schedule import Schedule
+from dpsynth.privacy.schedule import Release, Schedule
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ class PrivacyPlan:
                 "name": k.name, "value": knobs[k.name], "description": k.description,
                 "how": "fixed" if k.value is not None else f"share {k.share:g} of epsilon" if k.share else "calibrated",
                 "releases": len(uses), "sensitivity": uses[0].sensitivity if uses else None,
+                "sensitivity_label": sensitivity_label(uses[0] if uses else None),
                 "party_value": self._party_value(k.name, knobs[k.name]) if parties > 1 else None,
             })
         out: dict = {
@@ -263,3 +264,13 @@ def plan_for_method(method: str, *, epsilon: float = math.inf, delta: float = 1e
         raw["federated"] = {"parties": parties, "min_parties": min_parties, "partition": "iid",
                             "max_records_per_party": max(64, max_records_per_user)}
     return plan_privacy(parse_config(raw, "budget"))
+
+
+def sensitivity_label(release: Release | None) -> str:
+    """What a knob's sensitivity figure is: a Gaussian or Laplace release states its sensitivity under the run's
+    adjacency; a Poisson-subsampled one (DP-SGD, DPGA's votes) states the per-unit bound under add/remove, and the
+    accountant applies the adjacency to it (under replace, recomputing epsilon from that figure with the Gaussian
+    convention would be wrong)."""
+    if release is not None and isinstance(release.event(1.0), SubsampledGaussianEvent):
+        return "per-unit bound (add/remove; the accountant applies the adjacency)"
+    return "sensitivity"

@@ -1,0 +1,109 @@
+"""The data holder refuses votes more sensitive than the release they are drawn for was charged (the release's
+sensitivity comes from the method's schedule, the vote definition from its step; nothing else ties them), before
+the ledger is charged or a vote computed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpsynth.data.public import task_for
+from dpsynth.federated.holder import FederatedHolder
+from dpsynth.privacy.ledger import PrivacyLedger
+from dpsynth.privacy.mechanisms import NoiseSource
+from dpsynth.private.dataset import load_private
+from dpsynth.private.holder import CentralHolder
+from dpsynth.private.releases import ReleaseStore
+from dpsynth.runs.build import build_holder
+from dpsynth.runs.config import parse_config
+from dpsynth.runs.planning import plan_privacy
+from dpsynth.voting.spec import VoteSpec
+
+
+class _Embedder:
+    def encode(self, texts):
+        return np.random.default_rng(len(texts)).normal(size=(len(texts), 4)).astype(np.float32)
+
+
+def _config(tmp_path: Path, method: str, **privacy) -> dict:
+    rows = "text,label,patient\n" + "".join(f"message {i},{'ab'[i % 2]},p{i % 10}\n" for i in range(40))
+    (tmp_path / "p.csv").write_text(rows)
+    return {"method": method,
+            "data": {"private": str(tmp_path / "p.csv"), **({"person_column": "patient"} if privacy else {})},
+            "task": {"text_kind": "note", "labels": {"a": "an a note", "b": "a b note"}},
+            "generators": [{"model": "smollm2-135m-instruct"}],
+            **({"wasp": {"n": 12, "iterations": 3, "q": 4}} if method == "wasp" else {}),
+            "privacy": {"epsilon": 2.0, "delta": 1e-5, "noise_seed": 1, **privacy}}
+
+
+def _holder(cfg, ledger: PrivacyLedger, *, records_per_unit: int = 1, schedule_of=None) -> CentralHolder:
+    plan = plan_privacy(schedule_of or cfg)
+    return CentralHolder(load_private(cfg).records, task_for(cfg).label_names, _Embedder(), ledger=ledger,
+                         noise=NoiseSource(1), schedule=plan.schedule, knobs=plan.calibrate(),
+                         store=ReleaseStore(None), records_per_unit=records_per_unit)
+
+
+CANDIDATES, LABELS = np.eye(8, 4, dtype=np.float32), np.array([0, 0, 0, 0, 1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("method,release,asked", [
+    ("wasp", ("wasp.votes", 0), VoteSpec(kind="wasp", q=8)),  # charged at Q=4 (1.6298), asked Q=8 (1.6330)
+    ("augpe", ("augpe.votes", 1), VoteSpec(kind="wasp", q=2)),  # charged one vote (1), asked Top-2 near+far (1.58)
+    ("augpe", ("augpe.votes", 1), VoteSpec(kind="rank", weights=(1.0, 1.0))),  # two votes per record (1.41)
+])
+def test_votes_more_sensitive_than_their_release_are_refused_before_anything_is_charged(
+        tmp_path: Path, method: str, release: tuple[str, int], asked: VoteSpec) -> None:
+    cfg = parse_config(_config(tmp_path, method))
+    ledger = PrivacyLedger(2.0, 1e-5)
+    holder = _holder(cfg, ledger)
+    name = f"release {release[0]}[iteration={release[1]}]"
+    with pytest.raises(ValueError, match=re.escape(f"{name} is charged for sensitivity")):
+        holder.noisy_votes(asked, CANDIDATES, LABELS, release=release)
+    assert not ledger.events
+
+
+@pytest.mark.parametrize("method,release,asked", [
+    ("wasp", ("wasp.votes", 0), VoteSpec(kind="wasp", q=4)),
+    ("wasp", ("wasp.votes", 0), VoteSpec(kind="wasp", q=2)),  # less sensitive than charged: over-noised, allowed
+    ("augpe", ("augpe.votes", 1), VoteSpec(kind="rank", weights=(1.0,))),
+])
+def test_votes_the_release_was_charged_for_are_drawn(tmp_path: Path, method: str, release: tuple[str, int],
+                                                      asked: VoteSpec) -> None:
+    cfg = parse_config(_config(tmp_path, method))
+    ledger = PrivacyLedger(2.0, 1e-5)
+    votes = _holder(cfg, ledger).noisy_votes(asked, CANDIDATES, LABELS, release=release)
+    assert votes.shape == (asked.length(len(CANDIDATES)),) and len(ledger.events) == 1
+
+
+def test_a_schedule_that_forgot_the_person_bound_is_refused(tmp_path: Path) -> None:
+    """Votes of persons of up to 3 records drawn on a release charged for one record each: refused; the run's
+    holder (`build_holder`) knows the bound from the config."""
+    person = parse_config(_config(tmp_path, "augpe", max_records_per_user=3))
+    record = parse_config(_config(tmp_path, "augpe"))
+    spec = VoteSpec(kind="rank", weights=(1.0,))
+    with pytest.raises(ValueError, match="charged for sensitivity 1, but the votes asked of it .* sensitivity 3"):
+        _holder(person, PrivacyLedger(2.0, 1e-5), records_per_unit=3, schedule_of=record).noisy_votes(
+            spec, CANDIDATES, LABELS, release=("augpe.votes", 1))
+    ledger = PrivacyLedger(2.0, 1e-5)
+    _holder(person, ledger, records_per_unit=3).noisy_votes(spec, CANDIDATES, LABELS, release=("augpe.votes", 1))
+    assert ledger.events[0].sensitivity == pytest.approx(3.0)
+    plan = plan_privacy(person)
+    built = build_holder(plan, knobs=plan.calibrate(), ledger=PrivacyLedger(2.0, 1e-5), store=ReleaseStore(None),
+                         task=task_for(person), embedder=_Embedder())
+    assert built.records_per_unit == 3
+
+
+def test_the_federated_holder_refuses_them_before_asking_the_parties(tmp_path: Path) -> None:
+    raw = _config(tmp_path, "wasp")
+    raw["federated"] = {"parties": 2, "partition": "iid"}
+    cfg = parse_config(raw)
+    plan = plan_privacy(cfg)
+    ledger = PrivacyLedger(2.0, plan.accounting_delta)
+    holder = FederatedHolder(cfg.federated, plan.clip_delta, ledger=ledger, noise=NoiseSource(1),
+                             schedule=plan.schedule, knobs=plan.calibrate(), store=ReleaseStore(None))
+    with pytest.raises(ValueError, match="charged for sensitivity"):  # no aggregator connected: never reached
+        holder.noisy_votes(VoteSpec(kind="wasp", q=8), CANDIDATES, LABELS, release=("wasp.votes", 0))
+    assert not ledger.events
