@@ -147,7 +147,8 @@ class ReleasingHolder:
         return out.copy()
 
     def _check_vote_charge(self, key: ReleaseKey, spec: VoteSpec) -> None:
-        """Refuse votes more sensitive than their release was charged for, before anything is charged or computed.
+        """Refuse votes more sensitive than their release was charged for, or sampled at another rate, before
+        anything is charged or computed.
 
         A release's sensitivity comes from its method's schedule and the vote definition from its step: were the
         two ever to disagree (a step asking WASP's Top-Q votes on a release charged as Aug-PE's one vote), the
@@ -158,6 +159,10 @@ class ReleasingHolder:
         release = self.schedule.get(*key)
         value = self.knobs[release.knob]
         booked = release.event(value if value > 0 else 1.0)
+        rate = booked.sampling_rate if isinstance(booked, SubsampledGaussianEvent) else 1.0
+        if spec.sampling_rate != rate:
+            raise ValueError(f"release {release.name} is accounted at sampling rate {rate:g}, the request asks "
+                             f"{spec.sampling_rate:g}")
         if isinstance(booked, SubsampledGaussianEvent):
             charged = (value if value > 0 else 1.0) / booked.noise_multiplier
             adjacency = Adjacency.ADD_REMOVE
@@ -261,13 +266,9 @@ class CentralHolder(ReleasingHolder):
         self._check_vote_charge(release, spec)
 
         def draw(r: Release, value: float) -> np.ndarray:
-            # the clean vector (and the subsample) never leave this function
-            booked = r.event(value if value > 0 else 1.0)
-            rate = booked.sampling_rate if isinstance(booked, SubsampledGaussianEvent) else 1.0
-            if spec.sampling_rate != rate:
-                raise ValueError(f"release {r.name} is accounted at sampling rate {rate:g}, the request asks "
-                                 f"{spec.sampling_rate:g}")
-            keep = self._sample_mask(r, rate, len(self.__labels))
+            # the clean vector (and the subsample) never leave this function; the rate was checked against the
+            # release's event before it was charged (`_check_vote_charge`)
+            keep = self._sample_mask(r, spec.sampling_rate, len(self.__labels))
             votes = compute_votes(spec, self._embeddings()[keep], self.__labels[keep], candidates, candidate_labels,
                                   device=None if self.__device == "cpu" else self.__device)
             return self._noised(r, value, votes)
