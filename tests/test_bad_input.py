@@ -93,7 +93,7 @@ def test_data_checks_against_task(tmp_path: Path) -> None:
     with pytest.raises(DpsynthError, match=r"label\(s\) \['ham'\] have no private samples"):
         check_data(parse_config(_config(tmp_path, rows)))
     rows2 = rows + "hello there,other\n"
-    with pytest.raises(DpsynthError, match=r"labels \['other'\] are not described in task.labels"):
+    with pytest.raises(DpsynthError, match=r"labels 'other' are not described in task.labels"):
         check_data(parse_config(_config(tmp_path, rows2)))
     small = "text,label\nbuy,spam\nhi,ham\n"
     cfg = _config(tmp_path, small)
@@ -103,6 +103,36 @@ def test_data_checks_against_task(tmp_path: Path) -> None:
     ok = "text,label\n" + "".join(f"m {i},{'spam' if i % 2 else 'ham'}\n" for i in range(6))
     with pytest.raises(DpsynthError, match="not < 1/M"):
         check_data(parse_config(_config(tmp_path, ok, delta=0.5)))
+
+
+def test_a_wrong_label_column_does_not_print_the_private_texts(tmp_path: Path) -> None:
+    """A label column holding texts used to list every distinct value in the error: the whole private set."""
+    long = "a very long private message about my account number and my card"
+    rows = "text,label,body\n" + "".join(f"m {i},spam,{long} {i}\n" for i in range(8))
+    cfg = _config(tmp_path, rows)
+    cfg["data"]["label_column"] = "body"
+    with pytest.raises(DpsynthError) as err:
+        check_data(parse_config(cfg))
+    message = str(err.value)
+    assert "check data.label_column" in message and ", and more" in message
+    assert long not in message and message.count("a very long private message...") == 3 and "\n" not in message
+    cfg["data"]["label_column"] = "text"
+    with pytest.raises(DpsynthError, match="must name different columns"):
+        parse_config(cfg)
+
+
+def test_a_task_with_one_label_refuses_label_correction_and_evaluation(tmp_path: Path) -> None:
+    """With one label, relabel spent its whole budget and moved nothing, and evaluation scored 1.0."""
+    from dpsynth.runs.build import check_before_start
+    from dpsynth.runs.planning import plan_privacy
+
+    cfg = _config(tmp_path, "text,label\n" + "".join(f"buy now {i},spam\n" for i in range(6)))
+    cfg["task"] = {**TASK, "labels": {"spam": TASK["labels"]["spam"]}}
+    with pytest.raises(DpsynthError, match="relabel: moves samples between labels, and task.labels has one"):
+        parse_config({**cfg, "method": "zero-shot", "relabel": {}})
+    cfg["data"]["test"] = str(_csv(tmp_path, "text,label\nbuy,spam\n", name="test.csv"))
+    with pytest.raises(DpsynthError, match="the task has one: every score would be 1.0"):
+        check_before_start(plan_privacy(parse_config(cfg)))
 
 
 def test_config_errors(tmp_path: Path) -> None:

@@ -522,6 +522,22 @@ def test_a_run_that_failed_before_spending_anything_can_be_started_again_in_its_
         Run.create(parse_config(raw), tmp_path / "run")
 
 
+def test_a_run_is_refused_in_a_folder_holding_files_no_run_made(tmp_path: Path) -> None:
+    """`-o .` in a project folder used to overwrite the user's own README.md and config.yaml."""
+    raw = _config(tmp_path, "augpe")
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("README.md", "config.yaml", "tickets.csv"):
+        (project / name).write_text(f"the user's {name}")
+    with pytest.raises(DpsynthError, match=r"holds files that are not a dpsynth run's \(README.md, config.yaml, "
+                                           r"tickets.csv\), which the run would overwrite"):
+        Run.create(parse_config(raw), project)
+    assert sorted(p.name for p in project.iterdir()) == ["README.md", "config.yaml", "tickets.csv"]
+    assert (project / "README.md").read_text() == "the user's README.md"
+    (tmp_path / "empty").mkdir()
+    Run.create(parse_config(raw), tmp_path / "empty").close()  # an empty folder is taken
+
+
 def test_the_holders_time_is_counted_and_kept_out_of_the_shared_metrics(tmp_path: Path) -> None:
     """The engine wires the holder's door to the run's timings: its requests (votes, label counts) and its own
     loading are in the caller's metrics, and metrics.json's wall is the run's less exactly that time."""

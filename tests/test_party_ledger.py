@@ -73,7 +73,7 @@ def test_budget_spans_runs_and_refuses_before_recording(tmp_path: Path) -> None:
     assert len(PrivacyLedger.load(path).events) == 1 and again.spent() == pytest.approx(one, rel=1e-6)
 
 
-def test_noiseless_answers_are_refused_unless_allowed(tmp_path: Path) -> None:
+def test_noiseless_answers_are_refused_even_with_an_infinite_budget(tmp_path: Path) -> None:
     spec = VoteSpec(kind="rank")
     with pytest.raises(DpsynthError, match="without noise"):
         PartyLedger(tmp_path / "a.json", math.inf, DELTA).charge_votes(spec, release="v", party_sigma=0.0,
@@ -81,12 +81,7 @@ def test_noiseless_answers_are_refused_unless_allowed(tmp_path: Path) -> None:
     with pytest.raises(DpsynthError, match="without noise"):
         PartyLedger(tmp_path / "a.json", math.inf, DELTA).charge_training(
             release="t", round_index=0, steps=1, sampling_rate=0.5, noise_multiplier=0.0)
-    experiment = PartyLedger(tmp_path / "b.json", math.inf, DELTA, allow_noiseless=True)
-    experiment.charge_votes(spec, release="v", party_sigma=0.0, min_parties=3)
-    assert experiment.spent() == math.inf
-    with pytest.raises(BudgetExceededError):  # a finite budget never takes a noiseless answer
-        PartyLedger(tmp_path / "c.json", 4.0, DELTA, allow_noiseless=True).charge_votes(
-            spec, release="v", party_sigma=0.0, min_parties=3)
+    assert not (tmp_path / "a.json").exists()  # nothing recorded for a refused answer
     with pytest.raises(DpsynthError, match="epsilon > 0"):
         PartyLedger(tmp_path / "d.json", 0.0, DELTA)
 
@@ -153,7 +148,6 @@ def test_deployed_party_reads_its_budget_from_node_config(tmp_path: Path) -> Non
     data = tmp_path / "party.csv"
     ledger = party_ledger(SimpleNamespace(node_config={"data-path": str(data), "epsilon": 8, "delta": 1e-6}))
     assert (ledger.path, ledger.epsilon, ledger.delta) == (tmp_path / "party.csv.privacy-ledger.json", 8.0, 1e-6)
-    assert not ledger.allow_noiseless
     default = party_ledger(SimpleNamespace(node_config={"data-path": str(data),
                                                         "privacy-ledger": str(tmp_path / "l.json")}))
     assert (default.path, default.epsilon, default.delta) == (tmp_path / "l.json", math.inf, 1e-5)

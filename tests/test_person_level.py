@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dpsynth.data.loaders import LoadedRecords, load_records
+from dpsynth.data.public import task_for
 from dpsynth.data.records import LabelledTexts
 from dpsynth.errors import DpsynthError
 from dpsynth.privacy.accountant import Adjacency
@@ -159,6 +160,27 @@ def test_the_holder_bounds_at_load_and_the_plan_states_the_person(tmp_path: Path
     assert "kept at most 3 records per person ('patient'): dropped 8 records of 4 persons" in err
     plan = plan_privacy(config)
     assert plan.assumptions().unit == "person (<= 3 records)"
+
+
+def test_every_load_of_a_run_keeps_the_same_records_without_a_noise_seed(tmp_path: Path) -> None:
+    """The check before a run, the run and its resume each load the records: a salt drawn at each load made the
+    check pass and the run keep other records (a label left without any, or two selections in one run)."""
+    from dpsynth.private.dataset import check_private
+
+    rows = [(f"note {i}", "ab"[i % 2], f"patient{i % 5}") for i in range(40)]
+    raw = _config(tmp_path, _file(tmp_path, rows), max_records_per_user=1)
+    raw["privacy"].pop("noise_seed")
+    config = parse_config(raw)
+    loads = [_rows(load_private(config, quiet=True).records) for _ in range(6)]
+    assert all(load == loads[0] for load in loads) and len(loads[0]) == 5
+    # one person holds the only 'b' record among ten 'a' ones; under the fixed salt an 'a' one is kept, and the
+    # message says that the per-person cut emptied the label (the file has a 'b' record)
+    config = parse_config({**raw, "data": {**raw["data"], "private": str(_file(
+        tmp_path, [(f"note {i}", "a", "p0") for i in range(10)] + [("b note", "b", "p0")]))}})
+    data = load_private(config, quiet=True)
+    with pytest.raises(DpsynthError, match=r"label\(s\) \['b'\] have no private samples after keeping at "
+                                           r"most 1 record\(s\) per person \('patient'\)"):
+        check_private(config, data, task_for(config), min_records=(1, "one"))
 
 
 @pytest.mark.parametrize("change,message", [

@@ -454,3 +454,66 @@ def test_a_block_whose_requests_another_process_holds_says_so_before_it_waits(tm
     cache._db.execute("DELETE FROM claims")  # the other run gave up: this one pays for them
     call.join(30)
     assert not call.is_alive() and _stored(tmp_path / "cache.sqlite") == {f"p{i}": f"answer to p{i}" for i in range(3)}
+
+
+def test_the_answers_waiting_for_a_locked_cache_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a commit waits on another process's lock, the receiver waits once MAX_UNWRITTEN answers are queued
+    (and so sends nothing new): a SIGKILL then loses at most that many paid-for answers, not the whole wait's."""
+    import threading
+
+    from dpsynth.llm import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "MAX_UNWRITTEN", 4)
+    cache = RequestCache(tmp_path / "c.sqlite")
+    locked, written = threading.Event(), []
+    real_put_many = cache.put_many
+
+    def held(rows, payer=None):
+        locked.wait()  # another process holds the lock until the test lets go
+        real_put_many(rows, payer)
+        written.extend(key for key, *_ in rows)
+
+    monkeypatch.setattr(cache, "put_many", held)
+    writer = _CacheWriter(cache, "m:1", "m", "run/m")
+    added: list[int] = []
+
+    def receive() -> None:
+        for i in range(20):
+            writer.add(f"k{i}", GenerationRequest(prompt=f"p{i}"), GenerationResult(f"a{i}", 1, 1))
+            added.append(i)
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    receiver.join(timeout=2.0)
+    assert receiver.is_alive()  # it waits for the writer instead of queuing all 20
+    assert added == [0, 1, 2, 3]  # four answers queued or in the stuck commit, the fifth waits
+    locked.set()
+    receiver.join()
+    assert writer.close() is None
+    assert len(written) == 20 and _stored(tmp_path / "c.sqlite") == {f"p{i}": f"a{i}" for i in range(20)}
+
+
+def test_an_embedding_cache_write_that_fails_is_rolled_back_and_the_next_call_works(tmp_path: Path) -> None:
+    """A failed insert used to leave the connection inside its transaction: every later call then failed with
+    "cannot start a transaction within a transaction"."""
+    import numpy as np
+
+    from dpsynth.embed.sentence import CachedEmbedder
+
+    class Fixed:
+        name = "fixed"
+
+        def encode(self, texts):
+            return np.ones((len(texts), 3), dtype=np.float32)
+
+    path = tmp_path / "emb.sqlite"
+    embedder = CachedEmbedder(Fixed(), path)
+    other = sqlite3.connect(str(path), isolation_level=None)
+    other.executescript("CREATE TABLE refuse (x); INSERT INTO refuse VALUES (1); CREATE TRIGGER no BEFORE INSERT "
+                        "ON emb WHEN (SELECT count(*) FROM refuse) > 0 BEGIN SELECT RAISE(ABORT, 'refused'); END;")
+    with pytest.raises(sqlite3.IntegrityError, match="refused"):
+        embedder.encode(["a", "b"])
+    other.execute("DELETE FROM refuse")
+    assert embedder.encode(["a", "c"]).shape == (2, 3)
+    assert other.execute("SELECT count(*) FROM emb").fetchone()[0] == 2  # nothing of the failed call was kept
+    embedder.close()

@@ -134,6 +134,10 @@ class DataConfig(Section):
             raise ValueError(f"give one source of private data, not {' and '.join(given)}")
         if self.corpus is not None and self.m is None:
             raise ValueError("data.m (number of private samples) is required with data.corpus")
+        columns = [c for c in (self.text_column, self.label_column, self.person_column) if c is not None]
+        if len(set(columns)) < len(columns):  # a label column that is the text column lists every private text
+            raise ValueError(f"data.text_column, data.label_column and data.person_column must name different "
+                             f"columns (got {', '.join(repr(c) for c in columns)})")
         return self
 
 
@@ -329,6 +333,9 @@ class RunConfig(BaseModel):
         if self.relabel is not None and self.federated is not None:
             raise ValueError("relabel: is a central stage (the federated parties do not answer its embedding sums); "
                              "remove relabel: or federated:")
+        if self.relabel is not None and self.task is not None and len(self.task.labels) < 2:
+            raise ValueError("relabel: moves samples between labels, and task.labels has one: it would spend its "
+                             "budget and move nothing; remove relabel:")
         if person is not None and self.data.corpus is not None:
             raise ValueError("data.person_column needs your own file with a person column (data.private); a "
                              "public corpus has none")

@@ -1,8 +1,10 @@
-"""Files and folders: atomic writes, the user cache, and the one place run-directory paths are spelled.
+"""Files and folders: atomic writes, the user cache, and the run directory's paths.
 
-Every artifact is written through `atomic_write_text` (temporary file, fsync, rename), so a
-crash never leaves half a file that a resume or a reader would trust. `RunDir` names every
-path inside a run directory; nothing else in the code joins run-directory paths by hand.
+A run's artifacts are written through `atomic_write_text` (temporary file, fsync, rename), so a
+crash never leaves half a file that a resume or a reader would trust; files written by other
+libraries (SQLite caches, a downloaded corpus, a GGUF export) are written whole to a temporary
+name or made again when found incomplete. `RunDir` names the paths inside a run directory; the few
+file names still spelled where they are used are listed in docs/architecture.md (fs.py).
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ class RunDir:
 
     @property
     def usage_at_stop(self) -> Path:
-        """Generator usage when a spend cap stopped the run mid-step (until the next checkpoint counts it)."""
+        """Generator usage when a step stopped after paying for answers (a spend cap, Ctrl-C, a failed server), until
+        the next checkpoint counts it."""
         return self.checkpoints / "usage_at_stop.json"
 
     @property

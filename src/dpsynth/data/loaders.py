@@ -68,7 +68,8 @@ def records_from_frame(frame: pd.DataFrame, where: str, text_column: str = "text
         if column not in frame.columns:
             raise DpsynthError(
                 f"{where}: {role} column '{column}' not found; columns are: {', '.join(map(str, frame.columns))} "
-                f"(set data.{role}_column in the config)"
+                f"(set data.{role}_column in the config"
+                + (f", or --{role}-column with `dpsynth eval --test`)" if role != "person" else ")")
             )
     cells = {role: [_cell(v) for v in frame[column]] for role, column in roles}
     keep = [i for i in range(len(frame)) if all(cells[role][i] for role, _ in roles)]

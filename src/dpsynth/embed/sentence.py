@@ -114,7 +114,8 @@ BUSY_SECONDS = 60.0  # how long a write waits for another process's lock on a sh
 
 
 class CachedEmbedder:
-    """Embeds synthetic texts once per run directory, however often they are voted on or resumed."""
+    """Embeds each text once per cache file, however often it is voted on or a run resumed: a run directory's
+    synthetic texts, or the user-wide real test sets (`test_set_embedder`)."""
 
     def __init__(self, inner: Embedder, path: Path) -> None:
         self.inner = inner
@@ -149,12 +150,20 @@ class CachedEmbedder:
         missing = sorted({k: t for k, t in zip(keys, texts) if k not in found}.items())
         if missing:
             vectors = self.inner.encode([t for _, t in missing])
-            self._db.execute("BEGIN")
             for (key, _), vec in zip(missing, vectors):
-                self._db.execute("INSERT OR REPLACE INTO emb VALUES (?, ?)", (key, vec.astype(np.float32).tobytes()))
                 found[key] = vec.astype(np.float32)
-            self._db.execute("COMMIT")
+            self._db.execute("BEGIN")
+            try:  # rolled back on any error, or the connection would stay in the transaction and fail every call
+                self._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?)",
+                                     [(key, found[key].tobytes()) for key, _ in missing])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         return np.stack([found[k] for k in keys]) if keys else self.inner.encode([])
+
+    def close(self) -> None:
+        self._db.close()
 
 
 class LazyEmbedder:

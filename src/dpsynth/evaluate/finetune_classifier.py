@@ -1,4 +1,5 @@
-"""The paper's STM: a small BERT-style encoder fine-tuned on synthetic data only.
+"""The fine-tuned classifier of evaluation: a small BERT-style encoder fine-tuned on synthetic data only (the
+papers' downstream model; FuseGen's in-loop STM is the probe, `evaluate/stm.py`).
 
 The backbone is the MiniLM encoder of the default embedder (offline from PyPI),
 with a fresh classification head. Settings are fixed so that runs are comparable,

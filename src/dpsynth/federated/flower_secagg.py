@@ -380,7 +380,9 @@ def run_federation(shards: list[PartyShard], settings: FederationSettings,
                    program: Callable[[FlowerAggregator], T],
                    ledger_for: Callable[[int], PartyLedger | None] = lambda party_id: None) -> T:
     """Start a Flower simulation of the parties and run `program` as its ServerApp; return its result.
-    `ledger_for(party_id)`: a simulated party's own ledger, as a deployed party keeps (flower_app).
+    `ledger_for(party_id)`: a simulated party's own ledger, as a deployed party keeps (flower_app). `dpsynth run`
+    gives none (one process: the run's ledger is the only one); tests give one to run a deployed party's
+    charges and refusals through the real Flower runtime without deploying.
 
     Flower's simulation runtime logs server-side exceptions instead of raising them, so the
     program's outcome (result or exception) is carried out through a closure and re-raised.

@@ -17,11 +17,13 @@ updates are locally DP, so their charge holds against any server.
 
 from __future__ import annotations
 
-import fcntl
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from dpsynth.errors import DpsynthError
+from dpsynth.fs import exclusive_lock, make_dir
 from dpsynth.privacy.accountant import Adjacency
 from dpsynth.privacy.events import GaussianEvent, PrivacyEvent
 from dpsynth.privacy.ledger import Assumptions, PrivacyLedger
@@ -37,15 +39,14 @@ class PartyLedger:
     """The party's ledger file: loaded, charged and saved under a file lock for every answer.
 
     `epsilon` may be inf: the party then records what it spends without refusing for the amount. An
-    answer without noise is refused unless `allow_noiseless` (an experiment's epsilon = inf reference run
-    with a party budget of inf); it then makes the ledger's epsilon inf.
+    answer without noise is always refused: a deployed party never releases its records' votes or updates
+    un-noised (an epsilon = inf reference run is a simulation, whose parties keep no ledger of their own).
     """
 
-    def __init__(self, path: Path, epsilon: float, delta: float, adjacency: Adjacency = Adjacency.ADD_REMOVE,
-                 *, allow_noiseless: bool = False) -> None:
+    def __init__(self, path: Path, epsilon: float, delta: float,
+                 adjacency: Adjacency = Adjacency.ADD_REMOVE) -> None:
         if not epsilon > 0 or not 0 < delta < 1:
             raise DpsynthError(f"a party's budget needs epsilon > 0 and delta in (0, 1) (got {epsilon}, {delta})")
-        self.allow_noiseless = allow_noiseless
         self.path = Path(path)
         self.epsilon = float(epsilon)
         self.delta = float(delta)
@@ -80,7 +81,7 @@ class PartyLedger:
         self._charge(f"{release}/round{round_index}", event)
 
     def spent(self) -> float:
-        """Epsilon the party has spent so far at its delta (inf after a noiseless answer)."""
+        """Epsilon the party has spent so far at its delta."""
         with self._locked():
             return self._load().spent().epsilon
 
@@ -90,11 +91,8 @@ class PartyLedger:
             name = f"{what}/answer{len(ledger.events) + len(ledger.non_private_releases) + 1}"
             event = event_for(name)
             if event is None:
-                if not self.allow_noiseless:
-                    raise DpsynthError(f"{what}: this party refuses to answer without noise")
-                ledger.record_non_private(name)  # refused unless the party's budget is inf
-            else:
-                ledger.record(event)  # BudgetExceededError (a DpsynthError) before anything is computed
+                raise DpsynthError(f"{what}: this party refuses to answer without noise")
+            ledger.record(event)  # BudgetExceededError (a DpsynthError) before anything is computed
             ledger.save(self.path)
 
     def _load(self) -> PrivacyLedger:
@@ -107,22 +105,14 @@ class PartyLedger:
         return PrivacyLedger(self.epsilon, self.delta, assumptions, events=saved.events,
                              non_private_releases=saved.non_private_releases)
 
-    def _locked(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        return _FileLock(self.path.with_name(self.path.name + ".lock"))
-
-
-class _FileLock:
-    """An exclusive lock on a side file: two answers of one party (Flower may run them in two processes)
-    must not both read the ledger before either has saved its charge."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> None:
-        self._handle = open(self.path, "a")
-        fcntl.flock(self._handle, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self._handle, fcntl.LOCK_UN)
-        self._handle.close()
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """An exclusive lock on a side file: two answers of one party (Flower may run them in two processes)
+        must not both read the ledger before either has saved its charge."""
+        make_dir(self.path.parent)
+        handle = exclusive_lock(self.path.with_name(self.path.name + ".lock"), wait=True)
+        assert handle is not None  # a waiting lock is always granted
+        try:
+            yield
+        finally:
+            handle.close()

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.fs import make_dir
+
 _PROJ = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
 _LAYER = re.compile(r"layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)$")
 ROTARY_PERMUTED = ("llama",)  # architectures whose GGUF conversion permutes q/k rows
@@ -58,7 +60,7 @@ def export_lora_gguf(peft_model: Any, architecture: str, alpha: float, path: Pat
         count += 1
     if count == 0:
         raise ValueError("the model has no LoRA layers on q/k/v/o projections to export")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

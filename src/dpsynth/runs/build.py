@@ -90,6 +90,9 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
     task = task_for(config)
     plan.method.check_task(task)
     if config.evaluate and config.data.test is not None:
+        if len(task.labels) < 2:
+            raise DpsynthError("data.test: evaluation trains a classifier over the task's labels, and the task has "
+                               "one: every score would be 1.0 whatever the texts; set evaluate: false")
         test = load_test(config)  # public: a missing or unreadable test file fails here, not after the run
         foreign = sorted(set(test.labels) - set(task.labels)) if test is not None else []
         if foreign:  # the run writes none of them, so each such test example would only ever count as an error

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import time
 import uuid
@@ -65,6 +66,14 @@ class _Live:
     holder: ReleasingHolder
     embedder: Embedder
     test: LabelledTexts | None
+    synthetic_embeddings: CachedEmbedder
+
+    def close(self) -> None:
+        """Close the run's SQLite connections (request cache, embedding cache): a bench opens them once per cell,
+        and a process that runs many would otherwise hold them until the garbage collector finds them."""
+        for cache in {id(g.cache): g.cache for g in self.ctx.generators.values()}.values():
+            cache.close()
+        self.synthetic_embeddings.close()
 
 
 class Run:
@@ -97,10 +106,16 @@ class Run:
         ensure_writable_dir(cache_dir())
         check_embedder_available(config.embedder)
         check_before_start(plan_privacy(config), kw.get("private"))
+        foreign = _not_a_run_directory(d.root)
+        if foreign:
+            raise DpsynthError(f"{d.root} holds files that are not a dpsynth run's ({', '.join(foreign[:3])}"
+                               f"{', ...' if len(foreign) > 3 else ''}), which the run would overwrite; give a new "
+                               "or empty directory for the run's outputs")
         run = cls(config, d.root, **kw)  # takes the directory's lock before looking at what it holds
         try:
             if holds_a_run(d.root):
-                raise DpsynthError(f"{d.root} already holds a run; resume it with `dpsynth run --resume {d.root}`")
+                raise DpsynthError(f"{d.root} already holds a run; resume it with `dpsynth run --resume {d.root}`, "
+                                   "or give another directory for a new run")
             if d.plan.exists():  # the plan of a run that stopped before spending anything: this one starts afresh
                 d.plan.unlink()
             atomic_write_text(d.config, dump_config(config))
@@ -138,14 +153,17 @@ class Run:
             raise DpsynthError("federated.partition 'nodes' runs on a Flower deployment (SuperLink + one SuperNode "
                                "per party): start it with `flwr run`, see docs/federated.md")
         live = self._start_run()
-        if fed is None:
-            return self._iterate(live)
-        from dpsynth.federated.simulation import simulate
+        try:
+            if fed is None:
+                return self._iterate(live)
+            from dpsynth.federated.simulation import simulate
 
-        t0 = time.perf_counter()
-        return simulate(self.config, live.ctx.task, live.embedder, live.holder, lambda: self._iterate(live),
-                        min_records=self.method.min_private_records(),
-                        on_embedded=lambda: live.ctx.add_time(outputs.DATA_HOLDER_TIME, t0), given=self._given)
+            t0 = time.perf_counter()
+            return simulate(self.config, live.ctx.task, live.embedder, live.holder, lambda: self._iterate(live),
+                            min_records=self.method.min_private_records(),
+                            on_embedded=lambda: live.ctx.add_time(outputs.DATA_HOLDER_TIME, t0), given=self._given)
+        finally:
+            live.close()
 
     def serve(self, grid: Any, flower_context: Any) -> dict:
         """Run as the ServerApp of a deployed Flower federation (parties on their own machines)."""
@@ -155,8 +173,11 @@ class Run:
             if self.config.federated is None:
                 raise DpsynthError("this run config has no federated: section")
             live = self._start_run()
-            connect_deployed(self.config, live.holder, grid, flower_context)
-            return self._iterate(live)
+            try:
+                connect_deployed(self.config, live.holder, grid, flower_context)
+                return self._iterate(live)
+            finally:
+                live.close()
         finally:
             self.close()
 
@@ -233,7 +254,7 @@ class Run:
                           files=self.dir.method_files, knobs=dict(knobs), loads=loads)
         ctx.add_time("load_models", t0)
         timings["load_models"] -= private_seconds
-        return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg))
+        return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg), synth)
 
     def _knobs(self) -> tuple[dict[str, float], str]:
         """The calibrated knobs: computed and saved with the plan's fingerprint before the first release,
@@ -455,6 +476,13 @@ def _changed_fields(before: dict, now: dict) -> str:
     later = {"final_stages", "unit", "events", "shares", "groups", "split"}
     diff = [names[k] for k in names if (k in before or k not in later) and before.get(k) != now.get(k)]
     return ", ".join(diff)
+
+
+def _not_a_run_directory(root: Path) -> list[str]:
+    """The entries of an existing, non-empty directory that no dpsynth run made (every run takes its `.lock` there
+    first): a run started in a project folder used to overwrite the user's own README.md and config.yaml."""
+    entries = sorted(os.listdir(root)) if root.is_dir() else []
+    return [] if not entries or RunDir(root).lock.name in entries else entries
 
 
 def holds_a_run(run_dir: Path) -> bool:
