@@ -35,8 +35,8 @@ class _CommitPerAnswer:
     """The baseline: the receiving thread commits each answer itself, as `RequestCache.put` did before the writer
     (one autocommit INSERT under a lock, on a connection with the cache's settings)."""
 
-    def __init__(self, cache: RequestCache, model: str, name: str) -> None:
-        self._model = model
+    def __init__(self, cache: RequestCache, model: str, name: str, payer: str | None) -> None:
+        self._model = model  # `payer`: the old put recorded no payments
         self._db = sqlite3.connect(str(cache.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._lock = threading.Lock()

@@ -272,15 +272,14 @@ class _CacheWriter:
     its claims are released, so no other process pays for an answer this one has. The thread is not a daemon:
     once `close` has posted its end mark, an interrupted caller or an exiting interpreter still waits for the
     queued answers to be written (a SIGKILL loses them, and a later run asks for them again and pays again, which
-    its spend cap does not see). At most MAX_UNWRITTEN answers are queued or in a commit: while a commit waits on
-    another process's lock (up to 2 x BUSY_TIMEOUT), `add` waits too, so the receiver stops sending and the answers
-    at risk stay bounded. After a failed write nothing more is written, and the next answer's `add` raises the
+    its spend cap does not see). At most MAX_UNWRITTEN answers are queued or in a commit (half each): while a commit
+    waits on another process's lock (up to 2 x BUSY_TIMEOUT), `add` waits too, so the receiver stops sending and
+    the answers at risk stay bounded. After a failed write nothing more is written, and the next answer's `add` raises the
     error, which stops the backend's sending."""
 
     def __init__(self, cache: RequestCache, model: str, name: str, payer: str | None) -> None:
         self._cache, self._model, self._name, self._payer = cache, model, name, payer
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._room = threading.Semaphore(MAX_UNWRITTEN)  # a slot per answer queued or in a commit
         self._lock = threading.Lock()
         self._closed = False
         self._error: CacheWriteError | None = None
@@ -292,7 +291,10 @@ class _CacheWriter:
             raise self._error
         with self._lock:
             if not self._closed:
-                self._room.acquire()
+                # half the bound queued, half in the commit under way; a size check, not a semaphore taken and
+                # given back for every answer (a Python lock the writer thread also takes, on the receiver's path)
+                while self._queue.qsize() >= MAX_UNWRITTEN // 2 and self._error is None:
+                    time.sleep(0.001)  # only while a commit waits on another process's lock
                 self._queue.put((key, request, result))
                 return
         # a backend that answers after its `generate` returned: written here, as nothing reads the queue now
@@ -303,7 +305,7 @@ class _CacheWriter:
         while not done:
             batch = [self._queue.get()]
             gathered_until = time.monotonic() + WRITE_GATHER
-            while batch[-1] is not None:
+            while batch[-1] is not None and len(batch) < MAX_UNWRITTEN // 2:
                 try:
                     batch.append(self._queue.get(timeout=max(gathered_until - time.monotonic(), 0.0)))
                 except queue.Empty:
@@ -319,9 +321,6 @@ class _CacheWriter:
                     f"{self._name}: could not write answers to the request cache {self._cache.path} "
                     f"({type(err).__name__}: {err}); stopped, so as not to pay for answers it cannot keep")
                 self._error.__cause__ = err
-            finally:
-                if answers:
-                    self._room.release(len(answers))
 
     def close(self) -> CacheWriteError | None:
         """Post the end mark, wait until everything queued is written; the error that stopped the writes, if any."""

@@ -480,9 +480,11 @@ def _changed_fields(before: dict, now: dict) -> str:
 
 def _not_a_run_directory(root: Path) -> list[str]:
     """The entries of an existing, non-empty directory that no dpsynth run made (every run takes its `.lock` there
-    first): a run started in a project folder used to overwrite the user's own README.md and config.yaml."""
+    first, and keeps its state in `checkpoints/`): a run started in a project folder used to overwrite the user's
+    own README.md and config.yaml."""
     entries = sorted(os.listdir(root)) if root.is_dir() else []
-    return [] if not entries or RunDir(root).lock.name in entries else entries
+    d = RunDir(root)
+    return [] if not entries or {d.lock.name, d.checkpoints.name} & set(entries) else entries
 
 
 def holds_a_run(run_dir: Path) -> bool:
