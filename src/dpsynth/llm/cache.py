@@ -274,8 +274,8 @@ class _CacheWriter:
     queued answers to be written (a SIGKILL loses them, and a later run asks for them again and pays again, which
     its spend cap does not see). At most MAX_UNWRITTEN answers are queued or in a commit (half each): while a commit
     waits on another process's lock (up to 2 x BUSY_TIMEOUT), `add` waits too, so the receiver stops sending and
-    the answers at risk stay bounded. After a failed write nothing more is written, and the next answer's `add` raises the
-    error, which stops the backend's sending."""
+    the answers at risk stay bounded. After a failed write nothing more is written, and the next answer's `add`
+    raises the error, which stops the backend's sending."""
 
     def __init__(self, cache: RequestCache, model: str, name: str, payer: str | None) -> None:
         self._cache, self._model, self._name, self._payer = cache, model, name, payer
