@@ -18,7 +18,7 @@ import numpy as np
 from sklearn.neighbors import NearestNeighbors
 
 from dpsynth.data.corpora import get_corpus, split
-from dpsynth.embed.sentence import SentenceTransformerEmbedder, test_set_embedder
+from dpsynth.embed.sentence import SentenceTransformerEmbedder, embed_test_set
 from dpsynth.evaluate.distribution import knn_precision_recall, knn_squared_radii
 
 
@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     data = split(get_corpus("rotten_tomatoes").load(), seed=0)
     embedder = SentenceTransformerEmbedder()
-    real = test_set_embedder(embedder).encode(data.test.texts)  # cached across runs, as in an evaluation
+    real = embed_test_set(embedder, data.test.texts)  # cached across runs, as in an evaluation
     pool = embedder.encode(data.train.texts[: max(args.sizes)])
     print(f"reference: {len(real)} test reviews; synthetic stand-ins: the first N train reviews")
     radii_seconds, sq_radii = timed(knn_squared_radii, real)

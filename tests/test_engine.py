@@ -534,6 +534,9 @@ def test_a_run_is_refused_in_a_folder_holding_files_no_run_made(tmp_path: Path) 
         Run.create(parse_config(raw), project)
     assert sorted(p.name for p in project.iterdir()) == ["README.md", "config.yaml", "tickets.csv"]
     assert (project / "README.md").read_text() == "the user's README.md"
+    (project / "checkpoints").mkdir()  # a name ML projects use too: not the mark of a run
+    with pytest.raises(DpsynthError, match="holds files that are not a dpsynth run's"):
+        Run.create(parse_config(raw), project)
     (tmp_path / "empty").mkdir()
     Run.create(parse_config(raw), tmp_path / "empty").close()  # an empty folder is taken
 

@@ -181,6 +181,11 @@ def test_every_load_of_a_run_keeps_the_same_records_without_a_noise_seed(tmp_pat
     with pytest.raises(DpsynthError, match=r"label\(s\) \['b'\] have no private samples after keeping at "
                                            r"most 1 record\(s\) per person \('patient'\)"):
         check_private(config, data, task_for(config), min_records=(1, "one"))
+    # a label the file never held is not blamed on the cut
+    config = parse_config({**raw, "data": {**raw["data"], "private": str(_file(
+        tmp_path, [(f"note {i}", "a", f"p{i}") for i in range(10)]))}})
+    with pytest.raises(DpsynthError, match=r"label\(s\) \['b'\] have no private samples; remove"):
+        check_private(config, load_private(config, quiet=True), task_for(config), min_records=(1, "one"))
 
 
 @pytest.mark.parametrize("change,message", [

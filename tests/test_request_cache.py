@@ -457,10 +457,9 @@ def test_a_block_whose_requests_another_process_holds_says_so_before_it_waits(tm
 
 
 def test_the_answers_waiting_for_a_locked_cache_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """While a commit waits on another process's lock, the receiver waits once MAX_UNWRITTEN answers are queued
-    (and so sends nothing new): a SIGKILL then loses at most that many paid-for answers, not the whole wait's."""
-    import threading
-
+    """While a commit waits on another process's lock, a receiver waits once MAX_UNWRITTEN answers are held by all
+    the writers of the cache (here two batches side by side), and so sends nothing new: a SIGKILL then loses at
+    most that many paid-for answers, not the whole wait's."""
     from dpsynth.llm import cache as cache_module
 
     monkeypatch.setattr(cache_module, "MAX_UNWRITTEN", 4)
@@ -474,23 +473,27 @@ def test_the_answers_waiting_for_a_locked_cache_are_bounded(tmp_path: Path, monk
         written.extend(key for key, *_ in rows)
 
     monkeypatch.setattr(cache, "put_many", held)
-    writer = _CacheWriter(cache, "m:1", "m", "run/m")
+    writers = [_CacheWriter(cache, "m:1", "m", "run/m"), _CacheWriter(cache, "g:1", "g", "run/g")]
     added: list[int] = []
 
     def receive() -> None:
         for i in range(20):
-            writer.add(f"k{i}", GenerationRequest(prompt=f"p{i}"), GenerationResult(f"a{i}", 1, 1))
+            writers[i % 2].add(f"k{i}", GenerationRequest(prompt=f"p{i}"), GenerationResult(f"a{i}", 1, 1))
             added.append(i)
 
     receiver = threading.Thread(target=receive)
     receiver.start()
-    receiver.join(timeout=2.0)
-    assert receiver.is_alive()  # it waits for the writer instead of queuing all 20
-    assert added == [0, 1, 2, 3]  # four answers queued or in the stuck commit, the fifth waits
+    deadline = time.monotonic() + 60
+    while len(added) < 4 and time.monotonic() < deadline:  # however slow the machine
+        time.sleep(0.01)
+    receiver.join(timeout=0.5)
+    assert receiver.is_alive()  # it waits for the writers instead of handing them all 20
+    assert added == [0, 1, 2, 3]  # four answers held by the two writers together, the fifth waits
     locked.set()
     receiver.join()
-    assert writer.close() is None
+    assert [writer.close() for writer in writers] == [None, None]
     assert len(written) == 20 and _stored(tmp_path / "c.sqlite") == {f"p{i}": f"a{i}" for i in range(20)}
+    assert cache._unwritten == 0
 
 
 def test_an_embedding_cache_write_that_fails_is_rolled_back_and_the_next_call_works(tmp_path: Path) -> None:

@@ -81,13 +81,17 @@ def _loaded_encoder(path: str, device: str) -> SentenceTransformer:
 TEST_SET_CACHE = "embeddings-test-sets.sqlite"
 
 
-def test_set_embedder(embedder: Embedder) -> CachedEmbedder:
-    """The cache of the real test sets' embeddings (evaluation only). It holds the user's real test data, in
-    the user-wide cache folder (owner only, like every cache): a test set is embedded once across runs and
-    benches. Never private records: those are embedded in the data holder's memory only."""
+def embed_test_set(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """The real test set's embeddings (evaluation only), through their cache: it holds the user's real test data,
+    in the user-wide cache folder (owner only, like every cache), so that a test set is embedded once across runs
+    and benches. Never private records: those are embedded in the data holder's memory only."""
     from dpsynth.fs import cache_dir
 
-    return CachedEmbedder(embedder, cache_dir() / TEST_SET_CACHE)
+    cache = CachedEmbedder(embedder, cache_dir() / TEST_SET_CACHE)
+    try:
+        return cache.encode(texts)
+    finally:
+        cache.close()
 
 
 def check_embedder_available(model: str) -> None:
@@ -115,7 +119,7 @@ BUSY_SECONDS = 60.0  # how long a write waits for another process's lock on a sh
 
 class CachedEmbedder:
     """Embeds each text once per cache file, however often it is voted on or a run resumed: a run directory's
-    synthetic texts, or the user-wide real test sets (`test_set_embedder`)."""
+    synthetic texts, or the user-wide real test sets (`embed_test_set`)."""
 
     def __init__(self, inner: Embedder, path: Path) -> None:
         self.inner = inner
@@ -158,7 +162,8 @@ class CachedEmbedder:
                                      [(key, found[key].tobytes()) for key, _ in missing])
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite has rolled back itself after some errors (a full disk)
+                    self._db.execute("ROLLBACK")
                 raise
         return np.stack([found[k] for k in keys]) if keys else self.inner.encode([])
 

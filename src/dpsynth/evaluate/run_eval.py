@@ -21,7 +21,7 @@ from dpsynth.embed.sentence import (
     DEFAULT_EMBEDDER,
     CachedEmbedder,
     SentenceTransformerEmbedder,
-    test_set_embedder,
+    embed_test_set,
 )
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate.distribution import distribution_report, knn_squared_radii
@@ -108,7 +108,7 @@ def evaluate_run(
     config, rows = load_run(run_dir)  # a damaged run fails here, before any model loads
     embedder = SentenceTransformerEmbedder(config["embedder"])
     synth = CachedEmbedder(embedder, RunDir(run_dir).synthetic_embeddings)
-    test_emb = test_set_embedder(embedder).encode(test.texts)
+    test_emb = embed_test_set(embedder, test.texts)
     emb = synth.encode([r["text"] for r in rows])
     iterations = sorted({r.get("iteration", 0) for r in rows})
     cutoffs = iterations if per_iteration else iterations[-1:]

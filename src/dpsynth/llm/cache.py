@@ -54,9 +54,10 @@ POLL = 0.25  # seconds between looks for results another process is paying for
 # seconds the cache writer gathers answers into one commit (a commit costs more than its rows): at a large
 # server's 1,000-2,000 answers a second, 10-20 rows a commit (`close` does not wait for it)
 WRITE_GATHER = 0.01
-# answers received and not yet committed, at most: the receiver waits past it (and so sends nothing new) while a
-# commit waits on another process's lock, so a SIGKILL then loses at most this many paid-for answers beside the
-# requests in flight; about a second of a large server's answers, many commits' worth at its usual pace
+# answers received and not yet committed in one process (every writer of a cache together), at most: a receiver
+# waits past it (and so sends nothing new) while a commit waits on another process's lock, so a SIGKILL then loses
+# at most this many paid-for answers (plus one a receiving thread) beside the requests in flight; about a second
+# of a large server's answers, many commits' worth at its usual pace
 MAX_UNWRITTEN = 2048
 HOST = socket.gethostname()
 _T = TypeVar("_T")
@@ -88,6 +89,8 @@ class RequestCache:
         path = create_owner_only(Path(path))  # every synthetic text verbatim: owner only, like synthetic.jsonl
         self._path = path
         self._lock = threading.Lock()
+        self._unwritten = 0  # answers its writers hold, queued or in a commit (MAX_UNWRITTEN)
+        self._unwritten_lock = threading.Lock()
         self._db = self._retry(
             lambda: sqlite3.connect(str(path), timeout=BUSY_TIMEOUT, check_same_thread=False, isolation_level=None)
         )
@@ -117,6 +120,19 @@ class RequestCache:
     @property
     def path(self) -> Path:
         return self._path
+
+    def reserve_unwritten(self, give_up: Callable[[], bool]) -> None:
+        """Count one more answer held for writing; first wait while MAX_UNWRITTEN are held by all of this cache's
+        writers (the calls of one batch, the PLMs side by side, their replacement requests), unless `give_up`."""
+        while self._unwritten >= MAX_UNWRITTEN and not give_up():
+            time.sleep(0.001)  # only while a commit waits on another process's lock
+        with self._unwritten_lock:
+            self._unwritten += 1
+
+    def release_unwritten(self, count: int) -> None:
+        """`count` answers held for writing are committed (or given up after a failed write)."""
+        with self._unwritten_lock:
+            self._unwritten -= count
 
     def _set_wal(self) -> None:
         # WAL is a property of the file: only the first process to open it switches (an exclusive lock).
@@ -272,10 +288,10 @@ class _CacheWriter:
     its claims are released, so no other process pays for an answer this one has. The thread is not a daemon:
     once `close` has posted its end mark, an interrupted caller or an exiting interpreter still waits for the
     queued answers to be written (a SIGKILL loses them, and a later run asks for them again and pays again, which
-    its spend cap does not see). At most MAX_UNWRITTEN answers are queued or in a commit (half each): while a commit
-    waits on another process's lock (up to 2 x BUSY_TIMEOUT), `add` waits too, so the receiver stops sending and
-    the answers at risk stay bounded. After a failed write nothing more is written, and the next answer's `add`
-    raises the error, which stops the backend's sending."""
+    its spend cap does not see). The process's writers of one cache hold at most MAX_UNWRITTEN answers, queued or
+    in a commit: while a commit waits on another process's lock (up to 2 x BUSY_TIMEOUT), `add` waits too, so the
+    receivers stop sending and the answers at risk stay bounded. After a failed write nothing more is written, and
+    the next answer's `add` raises the error, which stops the backend's sending."""
 
     def __init__(self, cache: RequestCache, model: str, name: str, payer: str | None) -> None:
         self._cache, self._model, self._name, self._payer = cache, model, name, payer
@@ -291,10 +307,7 @@ class _CacheWriter:
             raise self._error
         with self._lock:
             if not self._closed:
-                # half the bound queued, half in the commit under way; a size check, not a semaphore taken and
-                # given back for every answer (a Python lock the writer thread also takes, on the receiver's path)
-                while self._queue.qsize() >= MAX_UNWRITTEN // 2 and self._error is None:
-                    time.sleep(0.001)  # only while a commit waits on another process's lock
+                self._cache.reserve_unwritten(lambda: self._error is not None)
                 self._queue.put((key, request, result))
                 return
         # a backend that answers after its `generate` returned: written here, as nothing reads the queue now
@@ -305,7 +318,7 @@ class _CacheWriter:
         while not done:
             batch = [self._queue.get()]
             gathered_until = time.monotonic() + WRITE_GATHER
-            while batch[-1] is not None and len(batch) < MAX_UNWRITTEN // 2:
+            while batch[-1] is not None:
                 try:
                     batch.append(self._queue.get(timeout=max(gathered_until - time.monotonic(), 0.0)))
                 except queue.Empty:
@@ -321,6 +334,8 @@ class _CacheWriter:
                     f"{self._name}: could not write answers to the request cache {self._cache.path} "
                     f"({type(err).__name__}: {err}); stopped, so as not to pay for answers it cannot keep")
                 self._error.__cause__ = err
+            finally:
+                self._cache.release_unwritten(len(answers))
 
     def close(self) -> CacheWriteError | None:
         """Post the end mark, wait until everything queued is written; the error that stopped the writes, if any."""

@@ -20,7 +20,7 @@ import hashlib
 import logging
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ class PrivateData:
     records: LabelledTexts
     party_of: np.ndarray | None = None
     person_of: np.ndarray | None = None
+    labels_before_cut: frozenset[str] | None = None  # with a person column: the labels the file holds
 
 
 def load_private(config: RunConfig, *, quiet: bool = False, given: Any = None) -> PrivateData:
@@ -67,6 +68,7 @@ def load_private(config: RunConfig, *, quiet: bool = False, given: Any = None) -
         return PrivateData(loaded.records)
     k = config.privacy.max_records_per_user
     bounded = bound_per_person(loaded, k, person_bound_salt(config.privacy.noise_seed))
+    bounded = replace(bounded, labels_before_cut=frozenset(loaded.records.labels))
     dropped = len(loaded.records) - len(bounded.records)
     if dropped and not quiet:
         cut = int(np.sum(np.bincount(_person_index(loaded.persons)) > k))
@@ -157,8 +159,9 @@ def check_private(config: RunConfig, data: PrivateData, task: TaskSpec, *, min_r
                            f"({', '.join(task.labels)}); add them, or check data.label_column")
     missing = [c for c in task.labels if c not in set(private.labels)]
     if missing:
+        cut = data.labels_before_cut is not None and all(c in data.labels_before_cut for c in missing)
         after = (f" after keeping at most {config.privacy.max_records_per_user} record(s) per person "
-                 f"('{config.data.person_column}')" if config.data.person_column is not None else "")
+                 f"('{config.data.person_column}')" if cut else "")
         raise DpsynthError(f"{where}: label(s) {missing} have no private samples{after}; remove them from "
                            "task.labels or add data" + (" (or raise privacy.max_records_per_user)" if after else ""))
     if config.data.person_column is None and len(set(zip(private.texts, private.labels))) < len(private):

@@ -29,6 +29,7 @@ from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder, check
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import RunDir, atomic_write_text, cache_dir, create_owner_only, ensure_writable_dir, lock_run_dir
 from dpsynth.llm.base import Usage
+from dpsynth.llm.cache import CachedGenerator
 from dpsynth.methods.base import MethodState, StepContext, add_time
 from dpsynth.methods.generation import SyntheticSample
 from dpsynth.methods.relabel import RELABEL, RELABEL_SIGMA, relabel_stage
@@ -71,9 +72,13 @@ class _Live:
     def close(self) -> None:
         """Close the run's SQLite connections (request cache, embedding cache): a bench opens them once per cell,
         and a process that runs many would otherwise hold them until the garbage collector finds them."""
-        for cache in {id(g.cache): g.cache for g in self.ctx.generators.values()}.values():
-            cache.close()
+        _close_request_caches(self.ctx.generators)
         self.synthetic_embeddings.close()
+
+
+def _close_request_caches(generators: dict[str, CachedGenerator]) -> None:
+    for cache in {id(g.cache): g.cache for g in generators.values()}.values():
+        cache.close()
 
 
 class Run:
@@ -232,29 +237,33 @@ class Run:
                               given=self._given)
         private_seconds = add_time(timings, loads, outputs.DATA_HOLDER_TIME, since)
         generators = build_generators(cfg, usage, run_id)  # a bad model file or key fails before any model loads
-        for name, generator in generators.items():
-            unrecorded = generator.count_unrecorded_payments()
-            if unrecorded:
-                log.warning("%s: %d answer(s) paid for before the run was killed are counted from the request "
-                            "cache (its spend caps include them)", name, unrecorded)
-        # A federated run's private label proportions are a round of the federation, which starts later.
-        requests = cast(DataHolder, holder)  # a central or federated holder: both answer every request
-        since = time.perf_counter()
-        shares = (saved["label_shares"] if saved is not None else {} if cfg.federated is not None
-                  else label_shares(cfg, task, requests, self.method.label_release()))
-        private_seconds += add_time(timings, loads, outputs.DATA_HOLDER_TIME, since)
-        synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
+        try:
+            for name, generator in generators.items():
+                unrecorded = generator.count_unrecorded_payments()
+                if unrecorded:
+                    log.warning("%s: %d answer(s) paid for before the run was killed are counted from the request "
+                                "cache (its spend caps include them)", name, unrecorded)
+            # A federated run's private label proportions are a round of the federation, which starts later.
+            requests = cast(DataHolder, holder)  # a central or federated holder: both answer every request
+            since = time.perf_counter()
+            shares = (saved["label_shares"] if saved is not None else {} if cfg.federated is not None
+                      else label_shares(cfg, task, requests, self.method.label_release()))
+            private_seconds += add_time(timings, loads, outputs.DATA_HOLDER_TIME, since)
+            synth = CachedEmbedder(embedder, self.dir.synthetic_embeddings)
 
-        def on_time(key: str, began: float) -> None:  # the holder's requests: voting or training, kept private
-            add_time(timings, loads, key, began)
+            def on_time(key: str, began: float) -> None:  # the holder's requests: voting or training, kept private
+                add_time(timings, loads, key, began)
 
-        door = HolderRequests(requests, on_time=on_time)
-        ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
-                          holder=door, embed=synth.encode, progress=self.progress, timings=timings,
-                          files=self.dir.method_files, knobs=dict(knobs), loads=loads)
-        ctx.add_time("load_models", t0)
-        timings["load_models"] -= private_seconds
-        return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg), synth)
+            door = HolderRequests(requests, on_time=on_time)
+            ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
+                              holder=door, embed=synth.encode, progress=self.progress, timings=timings,
+                              files=self.dir.method_files, knobs=dict(knobs), loads=loads)
+            ctx.add_time("load_models", t0)
+            timings["load_models"] -= private_seconds
+            return _Live(ctx, state, usage, knobs, ledger, holder, embedder, load_test(cfg), synth)
+        except BaseException:  # the caches of a run that never started are closed here, not by `_Live.close`
+            _close_request_caches(generators)
+            raise
 
     def _knobs(self) -> tuple[dict[str, float], str]:
         """The calibrated knobs: computed and saved with the plan's fingerprint before the first release,
@@ -480,11 +489,12 @@ def _changed_fields(before: dict, now: dict) -> str:
 
 def _not_a_run_directory(root: Path) -> list[str]:
     """The entries of an existing, non-empty directory that no dpsynth run made (every run takes its `.lock` there
-    first, and keeps its state in `checkpoints/`): a run started in a project folder used to overwrite the user's
-    own README.md and config.yaml."""
+    first, and writes its plan before anything else in `checkpoints/`, a name other projects use too): a run
+    started in a project folder used to overwrite the user's own README.md and config.yaml."""
     entries = sorted(os.listdir(root)) if root.is_dir() else []
     d = RunDir(root)
-    return [] if not entries or {d.lock.name, d.checkpoints.name} & set(entries) else entries
+    made_by_a_run = d.lock.exists() or d.plan.exists() or d.state.exists()
+    return [] if not entries or made_by_a_run else entries
 
 
 def holds_a_run(run_dir: Path) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 
 from dpsynth.config import RunConfig
 from dpsynth.data.records import LabelledTexts, TaskSpec
-from dpsynth.embed.sentence import Embedder, test_set_embedder
+from dpsynth.embed.sentence import Embedder, embed_test_set
 from dpsynth.evaluate.downstream import probe_scores
 from dpsynth.fs import RunDir, atomic_write_bytes, atomic_write_text
 from dpsynth.llm.base import Usage
@@ -71,7 +71,7 @@ def evaluate_sets(ctx: StepContext, embedder: Embedder, test: LabelledTexts,
     evaluation less the synthetic sets' embedding (timed as embedding: counted once)."""
     t0 = time.perf_counter()
     embedding_before = ctx.timings.get("embedding", 0.0)
-    test_emb = test_set_embedder(embedder).encode(test.texts)
+    test_emb = embed_test_set(embedder, test.texts)
     out: dict[str, Any] = {"classifier": "logistic regression on sentence embeddings"}
     for name, subset in sets.items():
         emb = ctx.embed_synthetic(subset)
