@@ -321,7 +321,7 @@ def cache_cost(path: Path) -> tuple[int, float, float]:
     import sqlite3
 
     from dpsynth.llm.base import GenerationResult
-    from dpsynth.llm.cache import RequestCache
+    from dpsynth.llm.request_store import RequestCache
 
     rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM generations").fetchone()[0]
     cache = RequestCache(path)

@@ -39,8 +39,9 @@ def run_mode(early: bool, args: argparse.Namespace, url: str) -> tuple[int, floa
     in one mode."""
     from dpsynth.config import GeneratorConfig
     from dpsynth.data.corpora import get_corpus
-    from dpsynth.llm.cache import CachedGenerator, RequestCache
+    from dpsynth.llm.cache import CachedGenerator
     from dpsynth.llm.registry import build_generator
+    from dpsynth.llm.request_store import RequestCache
     from dpsynth.methods import asking
     from dpsynth.methods.generation import generate_samples, plan_counts, zero_shot_requests
     from dpsynth.prompts.builder import PromptSettings

@@ -144,7 +144,8 @@ def one_iteration(k: int, n: int, blocks: bool, args: argparse.Namespace, texts:
                   make) -> tuple[float, float, float, float, float, int]:
     """(seconds, latency bound, ideal client's seconds, seconds to the first request sent, seconds after the last
     answer, requests sent) of one iteration, with an empty request cache."""
-    from dpsynth.llm.cache import CachedGenerator, RequestCache
+    from dpsynth.llm.cache import CachedGenerator
+    from dpsynth.llm.request_store import RequestCache
     from dpsynth.methods.generation import generate_samples, plan_counts
 
     endpoints = [IdealEndpoint(f"plm{g}", texts, args.latency, args.concurrency, args.drop, blocks,

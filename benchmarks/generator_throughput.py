@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 from dpsynth.data.corpora import get_corpus
-from dpsynth.llm.cache import CachedGenerator, RequestCache
+from dpsynth.llm.cache import CachedGenerator
 from dpsynth.llm.llama_cpp_backend import LlamaCppGenerator
 from dpsynth.llm.local_models import resolve_local_model
+from dpsynth.llm.request_store import RequestCache
 from dpsynth.prompts.builder import PromptSettings, build_request
 
 

@@ -46,8 +46,9 @@ def main() -> None:
 
     from dpsynth.data.records import TaskSpec
     from dpsynth.llm.base import GenerationRequest
-    from dpsynth.llm.cache import CachedGenerator, RequestCache
+    from dpsynth.llm.cache import CachedGenerator
     from dpsynth.llm.openai_backend import OpenAICompatGenerator
+    from dpsynth.llm.request_store import RequestCache
     from dpsynth.methods.generation import GenerationPlan, generate_samples, zero_shot_requests
     from dpsynth.prompts.builder import PromptSettings
 

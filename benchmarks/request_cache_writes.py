@@ -28,7 +28,8 @@ from pathlib import Path
 
 from dpsynth.llm import cache as cache_module
 from dpsynth.llm.base import GenerationRequest, GenerationResult
-from dpsynth.llm.cache import CachedGenerator, RequestCache
+from dpsynth.llm.cache import CachedGenerator
+from dpsynth.llm.request_store import RequestCache
 
 
 class _CommitPerAnswer:
@@ -109,15 +110,15 @@ def main() -> None:
     print(f"request cache with {args.rows} rows; {args.answers} answers per run")
     print("| arrivals | storing | receiving thread us/answer | on disk us/answer | receiving vs baseline |")
     print("|---|---|---|---|---|")
-    queued_writer = cache_module._CacheWriter
+    queued_writer = cache_module.CacheWriter
     offset = 0
     for rate in (0.0, args.rate):
         figures = {}
         for mode, writer in (("one commit per answer (before)", _CommitPerAnswer), ("queued (now)", queued_writer)):
-            cache_module._CacheWriter = writer  # type: ignore[misc,assignment]
+            cache_module.CacheWriter = writer  # type: ignore[misc,assignment]
             figures[mode] = run(cache, args.answers, rate, offset)
             offset += args.answers
-        cache_module._CacheWriter = queued_writer  # type: ignore[misc]
+        cache_module.CacheWriter = queued_writer  # type: ignore[misc]
         baseline = figures["one commit per answer (before)"][0]
         arrivals = "as fast as possible" if not rate else f"{rate:.0f} a second"
         for mode, (receiving, on_disk) in figures.items():

@@ -15,8 +15,9 @@ import pytest
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest
-from dpsynth.llm.cache import CachedGenerator, RequestCache
+from dpsynth.llm.cache import CachedGenerator
 from dpsynth.llm.openai_backend import OpenAICompatGenerator
+from dpsynth.llm.request_store import RequestCache
 
 GOOD = {
     "id": "x", "object": "chat.completion", "created": 0, "model": "m",

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
-from dpsynth.llm.cache import CachedGenerator, RequestCache
+from dpsynth.llm.cache import CachedGenerator
+from dpsynth.llm.request_store import RequestCache
 from dpsynth.methods.generation import GenerationPlan, generate_samples, zero_shot_requests
 from dpsynth.prompts.builder import PromptSettings
 from dpsynth.prompts.cleaning import clean_generation

@@ -745,7 +745,8 @@ def test_a_run_s_blocks_stop_together_when_a_request_gives_up_and_every_answer_i
     import sqlite3
 
     from dpsynth.errors import DpsynthError
-    from dpsynth.llm.cache import CachedGenerator, RequestCache
+    from dpsynth.llm.cache import CachedGenerator
+    from dpsynth.llm.request_store import RequestCache
     from dpsynth.methods.generation import GenerationPlan, generate_samples
 
     def make(plan: GenerationPlan, attempt: int, chat: bool) -> list:
@@ -777,7 +778,8 @@ def test_an_interrupted_run_stops_sending_and_keeps_what_came_back(tmp_path: Pat
     import signal
     import sqlite3
 
-    from dpsynth.llm.cache import CachedGenerator, RequestCache
+    from dpsynth.llm.cache import CachedGenerator
+    from dpsynth.llm.request_store import RequestCache
     from dpsynth.methods.generation import GenerationPlan, generate_samples
 
     def ctrl_c() -> None:  # as a terminal's Ctrl-C: SIGINT, which the main thread gets

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from dpsynth.llm.base import GenerationRequest, GenerationResult
-from dpsynth.llm.cache import HOST, STALE_AFTER, CachedGenerator, CacheWriteError, RequestCache, _CacheWriter
+from dpsynth.llm.cache import CachedGenerator
+from dpsynth.llm.cache_writer import CacheWriteError, CacheWriter
+from dpsynth.llm.request_store import HOST, STALE_AFTER, RequestCache
 
 PROCESSES = 8
 ENTRIES = 50
@@ -408,7 +410,7 @@ def test_a_request_that_cannot_be_written_is_an_error_not_a_silent_loss(tmp_path
 
 def test_an_answer_after_the_batch_closed_is_written_at_once(tmp_path: Path) -> None:
     cache = RequestCache(tmp_path / "c.sqlite")
-    writer = _CacheWriter(cache, "late:1", "late", "run/late")
+    writer = CacheWriter(cache, "late:1", "late", "run/late")
     writer.add("k1", GenerationRequest(prompt="first"), GenerationResult("one", 1, 1))
     assert writer.close() is None
     writer.add("k2", GenerationRequest(prompt="late"), GenerationResult("two", 1, 1))  # a backend answering late
@@ -460,9 +462,9 @@ def test_the_answers_waiting_for_a_locked_cache_are_bounded(tmp_path: Path, monk
     """While a commit waits on another process's lock, a receiver waits once MAX_UNWRITTEN answers are held by all
     the writers of the cache (here two batches side by side), and so sends nothing new: a SIGKILL then loses at
     most that many paid-for answers, not the whole wait's."""
-    from dpsynth.llm import cache as cache_module
+    from dpsynth.llm import request_store as store_module
 
-    monkeypatch.setattr(cache_module, "MAX_UNWRITTEN", 4)
+    monkeypatch.setattr(store_module, "MAX_UNWRITTEN", 4)
     cache = RequestCache(tmp_path / "c.sqlite")
     locked, written = threading.Event(), []
     real_put_many = cache.put_many
@@ -473,7 +475,7 @@ def test_the_answers_waiting_for_a_locked_cache_are_bounded(tmp_path: Path, monk
         written.extend(key for key, *_ in rows)
 
     monkeypatch.setattr(cache, "put_many", held)
-    writers = [_CacheWriter(cache, "m:1", "m", "run/m"), _CacheWriter(cache, "g:1", "g", "run/g")]
+    writers = [CacheWriter(cache, "m:1", "m", "run/m"), CacheWriter(cache, "g:1", "g", "run/g")]
     added: list[int] = []
 
     def receive() -> None:

@@ -7,7 +7,8 @@ import pytest
 
 from dpsynth.data.records import TaskSpec
 from dpsynth.llm.base import GenerationRequest, GenerationResult
-from dpsynth.llm.cache import CachedGenerator, RequestCache
+from dpsynth.llm.cache import CachedGenerator
+from dpsynth.llm.request_store import RequestCache
 from dpsynth.methods.generation import (
     GenerationPlan,
     SyntheticSample,

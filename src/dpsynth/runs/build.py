@@ -20,8 +20,9 @@ from dpsynth.embed.sentence import Embedder
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import cache_dir
 from dpsynth.llm.base import Usage
-from dpsynth.llm.cache import CachedGenerator, RequestCache
+from dpsynth.llm.cache import CachedGenerator
 from dpsynth.llm.registry import build_generator, check_generator
+from dpsynth.llm.request_store import RequestCache
 from dpsynth.llm.spend import SpendGuard, SpendLimits
 from dpsynth.privacy.ledger import PrivacyLedger
 from dpsynth.privacy.mechanisms import NoiseSource
