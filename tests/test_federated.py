@@ -294,7 +294,7 @@ def test_federated_release_is_charged_before_the_parties_are_asked(tmp_path: Pat
     asked: list[str] = []
 
     class Aggregator:  # stands in for the Flower federation; the real one is covered end to end
-        def aggregate(self, vote_round):
+        def aggregate(self, vote_round, on_received=None):
             asked.append(vote_round.release)
 
             class Result:
@@ -340,3 +340,57 @@ def test_parties_get_the_label_order_of_the_task_also_for_a_corpus() -> None:
     settings = settings_for(cfg, holder, labels, deployed=False)
     assert _json.loads(settings.party_data["labels"]) == labels and len(labels) == 6
     assert settings.device == "cpu"  # the run's `device:` (auto: no GPU here); simulated parties train there
+
+
+def test_a_vote_round_whose_answer_reached_the_server_unsaved_is_not_asked_again(tmp_path: Path) -> None:
+    """The server sees a round's sum before the run saves it: a run stopped in between would, on resume, show the
+    server a second noisy answer its ledger counts once. Such a resume is refused; a round stopped before any
+    answer arrived is asked again; a saved round leaves no mark."""
+    from dpsynth.federated.holder import FederatedHolder
+    from dpsynth.privacy.ledger import PrivacyLedger
+    from dpsynth.privacy.mechanisms import NoiseSource
+    from dpsynth.private.releases import ReleaseStore
+    from dpsynth.runs.planning import plan_privacy
+
+    cfg = parse_config({"data": {"private": str(tmp_path / "p.csv")},
+                        "task": {"text_kind": "note", "labels": {"a": "A", "b": "B"}},
+                        "generators": [{"model": "smollm2-135m-instruct"}], "wasp": {"q": 2, "iterations": 2},
+                        "privacy": {"delta": 1e-3}, "federated": {"parties": 2, "partition": "iid"}})
+    plan = plan_privacy(cfg)
+    spec, cand, labels = VoteSpec(kind="wasp", q=2), np.zeros((4, 8), np.float32), np.array([0, 0, 1, 1])
+
+    class Aggregator:
+        def __init__(self, stop: str | None) -> None:
+            self.stop = stop
+
+        def aggregate(self, vote_round, on_received=None):
+            if self.stop == "before":
+                raise KeyboardInterrupt
+            on_received()
+            if self.stop == "after":
+                raise KeyboardInterrupt
+
+            class Result:
+                total = np.zeros(vote_round.spec.length(len(vote_round.candidates)))
+                contributors, bytes_down, bytes_up, seconds = 2, {0: 1}, {0: 1}, 0.1
+
+            return Result()
+
+    def ask(stop: str | None) -> np.ndarray:
+        holder = FederatedHolder(cfg.federated, plan.clip_delta, ledger=PrivacyLedger(4.0, plan.accounting_delta),
+                                 noise=NoiseSource(None), schedule=plan.schedule, knobs=plan.calibrate(),
+                                 store=ReleaseStore(tmp_path / "releases"))
+        holder.connect(Aggregator(stop))
+        return holder.noisy_votes(spec, cand, labels, release=("wasp.votes", 0))
+
+    with pytest.raises(KeyboardInterrupt):
+        ask("before")
+    with pytest.raises(KeyboardInterrupt):
+        ask("after")  # asked again: nothing had reached the server
+    with pytest.raises(DpsynthError, match="reached the server before the run stopped"):
+        ask(None)
+    marks = list((tmp_path / "releases").rglob("received-votes"))
+    assert len(marks) == 1
+    marks[0].unlink()
+    assert ask(None).shape == (spec.length(len(cand)),)
+    assert not list((tmp_path / "releases").rglob("received-*"))

@@ -195,12 +195,15 @@ def test_fedavg_saves_each_round_and_a_resume_continues_from_the_last(tmp_path: 
                               server_learning_rate=0.5, parties=(0, 1, 2))
 
     class Federation:
-        def __init__(self, crash_in: int | None) -> None:
-            self.crash_in, self.asked = crash_in, []
+        def __init__(self, crash_in: int | None, after_receipt: bool = False) -> None:
+            self.crash_in, self.asked, self.after_receipt = crash_in, [], after_receipt
 
-        def train(self, train_round):
+        def train(self, train_round, on_received=None):
+            if train_round.round_index == self.crash_in and not self.after_receipt:
+                raise KeyboardInterrupt  # before any answer reached the server: the round is asked again
+            on_received()  # the answers are at the server
             if train_round.round_index == self.crash_in:
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt  # after: the server has seen an answer the run has not saved
             assert set(train_round.parties) == {0, 1, 2} and train_round.noise_multiplier == 1.5
             self.asked.append((train_round.round_index, train_round.adapter.copy()))
             return RoundResult(total=np.full(4, 2.0 * (train_round.round_index + 1)), contributors=3,
@@ -217,6 +220,14 @@ def test_fedavg_saves_each_round_and_a_resume_continues_from_the_last(tmp_path: 
     with pytest.raises(KeyboardInterrupt):
         holder(first).train_adapter(request, release=("fedgen.training", None))
     assert [k for k, _ in first.asked] == [0, 1]
+    work = tmp_path / "releases" / "fedgen.training.partial"
+    assert not list(work.glob("received-*"))  # each saved round took its mark away
+    # stopped after round 2's answers reached the server, before they were saved: asking again is refused
+    with pytest.raises(KeyboardInterrupt):
+        holder(Federation(crash_in=2, after_receipt=True)).train_adapter(request, release=("fedgen.training", None))
+    with pytest.raises(DpsynthError, match="reached the server before the run stopped"):
+        holder(Federation(crash_in=None)).train_adapter(request, release=("fedgen.training", None))
+    (work / "received-round2").unlink()  # the operator states the server kept nothing
     # the same 15 steps a record (what the ledger books), in other rounds: the saved rounds are not continued
     other = request.model_copy(update={"rounds": 5, "steps": 3})
     with pytest.raises(DpsynthError, match="other training settings"):
@@ -229,3 +240,4 @@ def test_fedavg_saves_each_round_and_a_resume_continues_from_the_last(tmp_path: 
     assert np.allclose(adapter, 0.5 * (2.0 + 4.0 + 6.0))
     assert [e.scope for e in resumed.ledger.events] == [STRONG]
     assert [r["parties"] for r in resumed.rounds] == [STRONG]
+    assert not work.exists()  # saved: its partial state and marks are gone

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth.data.loaders import load_labelled
+from dpsynth.data.records import LabelledTexts
 from dpsynth.errors import DpsynthError
 from dpsynth.federated.flower_secagg import party_client_app
 from dpsynth.federated.party import PartyShard
@@ -43,17 +44,32 @@ class _NodeShard:
         path = Path(str(context.node_config["data-path"]))
         key = (str(path), str(config["embedder"]), str(config["labels"]))
         if key not in self._cache:
-            data = load_labelled(path, str(config["text_column"]), str(config["label_column"]))
             labels = json.loads(str(config["labels"]))
-            unknown = sorted(set(data.labels) - set(labels))
-            if unknown:
-                raise DpsynthError(f"{path}: labels {unknown} are not among the run's task labels {labels}")
+            data = _load_party_file(path, str(config["text_column"]), str(config["label_column"]), labels)
             emb = SentenceTransformerEmbedder(str(config["embedder"])).encode(data.texts)
             ids = np.array([labels.index(y) for y in data.labels], dtype=np.int64)
             # `party-id` in the node config names the party in a run's roles (e.g. fedgen's strong parties)
             party = int(context.node_config.get("party-id", int(context.node_id) % 2**31))
             self._cache[key] = PartyShard(party, emb, ids, tuple(data.texts))
         return self._cache[key]
+
+
+def _load_party_file(path: Path, text_column: str, label_column: str, labels: list[str]) -> LabelledTexts:
+    """The party's records, or an error that names none of its values. Why: Flower sends a ClientApp's exception
+    text to the server, and a loader's message can quote the file (a headerless CSV's first row as its "columns",
+    a wrong label column's values, i.e. private texts); the full message stays in the SuperNode's own log, as the
+    cause of the error it sends."""
+    try:
+        data = load_labelled(path, text_column, label_column)
+        unknown = sorted(set(data.labels) - set(labels))
+        if unknown:
+            raise DpsynthError(f"{path}: labels {unknown} are not among the run's task labels {labels}")
+    except DpsynthError as err:
+        raise DpsynthError(
+            "this party could not load its private data file (its SuperNode's log says why; nothing of the file is "
+            f"sent): check its data-path and the run's text_column '{text_column}', label_column '{label_column}' "
+            f"and task labels {labels}") from err
+    return data
 
 
 def _server_app():

@@ -1,6 +1,6 @@
 """Files and folders: atomic writes, the user cache, and the run directory's paths.
 
-A run's artifacts are written through `atomic_write_text` (temporary file, fsync, rename), so a
+A run's artifacts are written through `atomic_write_text` (temporary file, fsync, rename, fsync of the folder), so a
 crash never leaves half a file that a resume or a reader would trust; files written by other
 libraries (SQLite caches, a downloaded corpus, a GGUF export) are written whole to a temporary
 name or made again when found incomplete. `RunDir` names the paths inside a run directory; the few
@@ -9,6 +9,7 @@ file names still spelled where they are used are listed in docs/architecture.md 
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from dataclasses import dataclass
@@ -33,8 +34,19 @@ FILE_MODE, DIR_MODE = 0o600, 0o700
 
 
 def make_dir(path: Path) -> None:
-    """Create a folder (and missing parents) readable by the owner only; an existing folder is left as it is."""
-    Path(path).mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    """Create a folder (and missing parents) readable by the owner only; an existing folder is left as it is.
+    Each missing level is made here: `Path.mkdir(parents=True, mode=...)` gives the parents it makes the default
+    mode (0755 under the usual umask), which left e.g. checkpoints/releases/ listable by every user."""
+    path = Path(path)
+    missing = []
+    level = path
+    while not level.exists() and level != level.parent:
+        missing.append(level)
+        level = level.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=DIR_MODE, exist_ok=True)  # another process may make it meanwhile
+    if not path.is_dir():
+        path.mkdir(mode=DIR_MODE, exist_ok=True)  # a file in the way: the same error as before
 
 
 def ensure_writable_dir(path: Path) -> Path:
@@ -85,6 +97,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    sync_directory(path.parent)
+
+
+def sync_directory(folder: Path) -> None:
+    """Make the renames and new names in `folder` durable. Why: fsync of a file does not persist its directory entry,
+    so after an OS crash or power loss a file just renamed into place can be missing; for a noisy release that is
+    already out (in prompts sent to an API) the resume would then draw it again with fresh noise. POSIX only: on
+    Windows a directory cannot be opened this way (its renames are journalled by NTFS); a file system that cannot
+    sync a directory (EINVAL) offers nothing more to ask for."""
+    if os.name != "posix":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)

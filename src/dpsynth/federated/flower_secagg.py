@@ -136,8 +136,9 @@ class _Meter:
 
 
 def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSettings,
-                  nodes: list[int] | None):
-    """A one-round strategy: broadcast `arrays` and `config` to `nodes` (None: all), sum the replies."""
+                  nodes: list[int] | None, on_received: Callable[[], None] | None = None):
+    """A one-round strategy: broadcast `arrays` and `config` to `nodes` (None: all), sum the replies.
+    `on_received()` is called once replies have arrived, before they are read (the run marks the round received)."""
     from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server.strategy import FedAvg
 
@@ -165,6 +166,8 @@ def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSe
             self.contributors, self.failures = len(results), list(failures)
             if not results:
                 return None, {}
+            if on_received is not None:
+                on_received()
             arrays = [parameters_to_ndarrays(fit.parameters)[0] for _, fit in results]
             self.replies = {proxy.node_id: parameters_to_ndarrays(fit.parameters) for proxy, fit in results}
             # SecAgg+ hands every result the unmasked weighted mean (weights 1): sum = mean * count.
@@ -228,15 +231,16 @@ class FlowerAggregator:
         self.meter.wrap(grid)
         self._roster: dict[int, int] | None = None  # party id -> Flower node id
 
-    def aggregate(self, vote_round: VoteRound) -> RoundResult:
-        """The (securely) summed noisy answers of the parties asked; refuses too few answers."""
+    def aggregate(self, vote_round: VoteRound, on_received: Callable[[], None] | None = None) -> RoundResult:
+        """The (securely) summed noisy answers of the parties asked; refuses too few answers. `on_received()`: called
+        when the answers reach the server, before they are read."""
         s = self.settings
         nodes = None if vote_round.parties is None else self.nodes_of(vote_round.parties)
         asked = s.parties if nodes is None else len(nodes)
         fewest = vote_round.min_parties or s.min_parties
         arrays = [np.asarray(vote_round.candidates, dtype=np.float32), np.asarray(vote_round.candidate_labels)]
         workflow = _secagg_workflow(vote_round, s, asked, fewest) if s.secure else None
-        result, strategy = self._round(arrays, _vote_config(vote_round, s), nodes, workflow)
+        result, strategy = self._round(arrays, _vote_config(vote_round, s), nodes, workflow, on_received=on_received)
         if strategy.total is None:
             raise FederationError(
                 f"round {vote_round.release}: no aggregate ({strategy.contributors} of {asked} parties "
@@ -248,7 +252,7 @@ class FlowerAggregator:
                 f"min_parties={fewest}; the sum would carry too little noise and is discarded")
         return result
 
-    def train(self, train_round: TrainRound) -> RoundResult:
+    def train(self, train_round: TrainRound, on_received: Callable[[], None] | None = None) -> RoundResult:
         """One FedAvg round: the mean of the asked parties' (locally DP) adapter updates, in plain aggregation.
 
         Local DP-SGD makes each update DP on its own, so the server may see them one by one; a party that
@@ -258,7 +262,7 @@ class FlowerAggregator:
                   "request": train_round.request, "noise_multiplier": float(train_round.noise_multiplier),
                   "max_records": int(self.settings.max_records), **self.settings.party_data}
         result, strategy = self._round([np.asarray(train_round.adapter, dtype=np.float32)], config,
-                                       self.nodes_of(train_round.parties), None, plain=True)
+                                       self.nodes_of(train_round.parties), None, plain=True, on_received=on_received)
         if strategy.total is None:
             raise FederationError(
                 f"training round {train_round.round_index}: no training party answered"
@@ -292,13 +296,13 @@ class FlowerAggregator:
         return roster
 
     def _round(self, arrays: list[np.ndarray], config: dict, nodes: list[int] | None, workflow: Any,
-               *, plain: bool = False) -> tuple[RoundResult, Any]:
+               *, plain: bool = False, on_received: Callable[[], None] | None = None) -> tuple[RoundResult, Any]:
         from flwr.server import LegacyContext, ServerConfig
         from flwr.server.workflow import DefaultWorkflow
 
         s = self.settings if not plain else dataclasses.replace(self.settings, secure=False)
         t0 = time.perf_counter()
-        strategy = _sum_strategy(arrays, config, s, nodes)
+        strategy = _sum_strategy(arrays, config, s, nodes, on_received)
         legacy = LegacyContext(context=self.context, config=ServerConfig(num_rounds=1, round_timeout=s.timeout),
                                strategy=strategy)
         (DefaultWorkflow(fit_workflow=workflow) if workflow is not None else DefaultWorkflow())(self.grid, legacy)
