@@ -20,8 +20,9 @@ def test_an_atomic_write_syncs_the_file_then_its_folder(tmp_path: Path, monkeypa
         synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
         real_fsync(fd)
 
-    monkeypatch.setattr(fs.os, "fsync", recording_fsync)
     target = tmp_path / "releases" / "votes.json"
+    fs.make_dir(target.parent)
+    monkeypatch.setattr(fs.os, "fsync", recording_fsync)
     fs.atomic_write_text(target, "{}")
     assert target.read_text() == "{}"
     if os.name == "posix":
@@ -41,12 +42,18 @@ def test_a_folder_that_cannot_be_synced_is_not_an_error_only_where_the_system_sa
         fs.atomic_write_text(tmp_path / "b.json", "2")  # EIO on the file: an error
 
 
-def test_every_folder_a_write_makes_is_owner_only(tmp_path: Path) -> None:
+def test_every_folder_a_write_makes_is_owner_only_and_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Path.mkdir(parents=True, mode=0o700) makes the missing parents 0755: the releases folder of a run was
     listable by every user."""
     fs.atomic_write_text(tmp_path / "run" / "checkpoints" / "releases" / "x.partial" / "mark", "1")
     for folder in ("run", "run/checkpoints", "run/checkpoints/releases", "run/checkpoints/releases/x.partial"):
         assert stat.S_IMODE((tmp_path / folder).stat().st_mode) == 0o700, folder
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(fs.os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
+    fs.make_dir(tmp_path / "new" / "deeper")
+    if os.path.exists("/proc/self/fd"):  # each new folder's entry is synced in the folder above it
+        assert synced == [str(tmp_path), str(tmp_path / "new")]
     (tmp_path / "a-file").write_text("")
     with pytest.raises(FileExistsError):
         fs.make_dir(tmp_path / "a-file")

@@ -198,10 +198,10 @@ def test_fedavg_saves_each_round_and_a_resume_continues_from_the_last(tmp_path: 
         def __init__(self, crash_in: int | None, after_receipt: bool = False) -> None:
             self.crash_in, self.asked, self.after_receipt = crash_in, [], after_receipt
 
-        def train(self, train_round, on_received=None):
+        def train(self, train_round, on_exposed=None):
             if train_round.round_index == self.crash_in and not self.after_receipt:
                 raise KeyboardInterrupt  # before any answer reached the server: the round is asked again
-            on_received()  # the answers are at the server
+            on_exposed()  # the answers may reach the server from now on
             if train_round.round_index == self.crash_in:
                 raise KeyboardInterrupt  # after: the server has seen an answer the run has not saved
             assert set(train_round.parties) == {0, 1, 2} and train_round.noise_multiplier == 1.5
@@ -221,13 +221,13 @@ def test_fedavg_saves_each_round_and_a_resume_continues_from_the_last(tmp_path: 
         holder(first).train_adapter(request, release=("fedgen.training", None))
     assert [k for k, _ in first.asked] == [0, 1]
     work = tmp_path / "releases" / "fedgen.training.partial"
-    assert not list(work.glob("received-*"))  # each saved round took its mark away
+    assert not list(work.glob("exposed-*"))  # each saved round took its mark away
     # stopped after round 2's answers reached the server, before they were saved: asking again is refused
     with pytest.raises(KeyboardInterrupt):
         holder(Federation(crash_in=2, after_receipt=True)).train_adapter(request, release=("fedgen.training", None))
-    with pytest.raises(DpsynthError, match="reached the server before the run stopped"):
+    with pytest.raises(DpsynthError, match="may have reached the server before the run stopped"):
         holder(Federation(crash_in=None)).train_adapter(request, release=("fedgen.training", None))
-    (work / "received-round2").unlink()  # the operator states the server kept nothing
+    (work / "exposed-round2").unlink()  # the operator states the server kept nothing
     # the same 15 steps a record (what the ledger books), in other rounds: the saved rounds are not continued
     other = request.model_copy(update={"rounds": 5, "steps": 3})
     with pytest.raises(DpsynthError, match="other training settings"):

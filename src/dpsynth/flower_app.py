@@ -64,7 +64,7 @@ def _load_party_file(path: Path, text_column: str, label_column: str, labels: li
         unknown = sorted(set(data.labels) - set(labels))
         if unknown:
             raise DpsynthError(f"{path}: labels {unknown} are not among the run's task labels {labels}")
-    except DpsynthError as err:
+    except Exception as err:  # noqa: BLE001 - any loader error may quote the file (pandas, pyarrow, OS errors)
         raise DpsynthError(
             "this party could not load its private data file (its SuperNode's log says why; nothing of the file is "
             f"sent): check its data-path and the run's text_column '{text_column}', label_column '{label_column}' "

@@ -45,6 +45,7 @@ def make_dir(path: Path) -> None:
         level = level.parent
     for folder in reversed(missing):
         folder.mkdir(mode=DIR_MODE, exist_ok=True)  # another process may make it meanwhile
+        sync_directory(folder.parent)  # the new folder's entry, durable like the files written into it
     if not path.is_dir():
         path.mkdir(mode=DIR_MODE, exist_ok=True)  # a file in the way: the same error as before
 
@@ -105,17 +106,24 @@ def sync_directory(folder: Path) -> None:
     so after an OS crash or power loss a file just renamed into place can be missing; for a noisy release that is
     already out (in prompts sent to an API) the resume would then draw it again with fresh noise. POSIX only: on
     Windows a directory cannot be opened this way (its renames are journalled by NTFS); a file system that cannot
-    sync a directory (EINVAL) offers nothing more to ask for."""
+    sync a directory (EINVAL, ENOTSUP, ...) or open one for reading offers nothing more to ask for: the write itself
+    has happened."""
     if os.name != "posix":
         return
-    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except PermissionError:
+        return
     try:
         os.fsync(fd)
     except OSError as err:
-        if err.errno != errno.EINVAL:
+        if err.errno not in _CANNOT_SYNC_FOLDERS:
             raise
     finally:
         os.close(fd)
+
+
+_CANNOT_SYNC_FOLDERS = {errno.EINVAL, errno.ENOTSUP, errno.ENOSYS, errno.EBADF, errno.EACCES, errno.EPERM}
 
 
 @dataclass(frozen=True)

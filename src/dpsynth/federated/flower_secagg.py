@@ -136,9 +136,10 @@ class _Meter:
 
 
 def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSettings,
-                  nodes: list[int] | None, on_received: Callable[[], None] | None = None):
+                  nodes: list[int] | None, on_exposed: Callable[[], None] | None = None):
     """A one-round strategy: broadcast `arrays` and `config` to `nodes` (None: all), sum the replies.
-    `on_received()` is called once replies have arrived, before they are read (the run marks the round received)."""
+    `on_exposed()`, in plain aggregation, is called before the round is sent: each answer reaches the server as it
+    arrives (Flower pulls replies while it waits for the rest), so from then on the server may hold some."""
     from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server.strategy import FedAvg
 
@@ -153,6 +154,12 @@ def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSe
             self.replies: dict[int, list[np.ndarray]] = {}
 
         def configure_fit(self, server_round, parameters, client_manager):
+            instructions = self._instructions(server_round, parameters, client_manager)
+            if on_exposed is not None and not settings.secure:
+                on_exposed()
+            return instructions
+
+        def _instructions(self, server_round, parameters, client_manager):
             if nodes is None:
                 return super().configure_fit(server_round, parameters, client_manager)
             client_manager.wait_for(len(nodes), timeout=settings.timeout)
@@ -166,8 +173,6 @@ def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSe
             self.contributors, self.failures = len(results), list(failures)
             if not results:
                 return None, {}
-            if on_received is not None:
-                on_received()
             arrays = [parameters_to_ndarrays(fit.parameters)[0] for _, fit in results]
             self.replies = {proxy.node_id: parameters_to_ndarrays(fit.parameters) for proxy, fit in results}
             # SecAgg+ hands every result the unmasked weighted mean (weights 1): sum = mean * count.
@@ -196,11 +201,19 @@ def _vote_config(vote_round: VoteRound, settings: FederationSettings) -> dict:
     }
 
 
-def _secagg_workflow(vote_round: VoteRound, settings: FederationSettings, n: int, fewest: int):
+def _secagg_workflow(vote_round: VoteRound, settings: FederationSettings, n: int, fewest: int,
+                     on_exposed: Callable[[], None] | None = None):
+    """`on_exposed()` is called when unmasking starts: from the key shares it collects, the server can compute the
+    sum (the masked vectors before it reveal nothing)."""
     from flwr.server.workflow import SecAggPlusWorkflow
 
     class ThresholdedSecAggPlus(SecAggPlusWorkflow):
         """SecAgg+ that never unmasks a sum of fewer than `fewest` parties' vectors."""
+
+        def unmask_stage(self, grid, context, state) -> bool:
+            if on_exposed is not None:
+                on_exposed()
+            return super().unmask_stage(grid, context, state)
 
         def _check_threshold(self, state) -> bool:
             if len(state.active_node_ids) < fewest:
@@ -231,16 +244,17 @@ class FlowerAggregator:
         self.meter.wrap(grid)
         self._roster: dict[int, int] | None = None  # party id -> Flower node id
 
-    def aggregate(self, vote_round: VoteRound, on_received: Callable[[], None] | None = None) -> RoundResult:
-        """The (securely) summed noisy answers of the parties asked; refuses too few answers. `on_received()`: called
-        when the answers reach the server, before they are read."""
+    def aggregate(self, vote_round: VoteRound, on_exposed: Callable[[], None] | None = None) -> RoundResult:
+        """The (securely) summed noisy answers of the parties asked; refuses too few answers. `on_exposed()`: called
+        once the answers (or their sum) may reach the server: before a plain round is sent, when SecAgg+ starts
+        unmasking."""
         s = self.settings
         nodes = None if vote_round.parties is None else self.nodes_of(vote_round.parties)
         asked = s.parties if nodes is None else len(nodes)
         fewest = vote_round.min_parties or s.min_parties
         arrays = [np.asarray(vote_round.candidates, dtype=np.float32), np.asarray(vote_round.candidate_labels)]
-        workflow = _secagg_workflow(vote_round, s, asked, fewest) if s.secure else None
-        result, strategy = self._round(arrays, _vote_config(vote_round, s), nodes, workflow, on_received=on_received)
+        workflow = _secagg_workflow(vote_round, s, asked, fewest, on_exposed) if s.secure else None
+        result, strategy = self._round(arrays, _vote_config(vote_round, s), nodes, workflow, on_exposed=on_exposed)
         if strategy.total is None:
             raise FederationError(
                 f"round {vote_round.release}: no aggregate ({strategy.contributors} of {asked} parties "
@@ -252,7 +266,7 @@ class FlowerAggregator:
                 f"min_parties={fewest}; the sum would carry too little noise and is discarded")
         return result
 
-    def train(self, train_round: TrainRound, on_received: Callable[[], None] | None = None) -> RoundResult:
+    def train(self, train_round: TrainRound, on_exposed: Callable[[], None] | None = None) -> RoundResult:
         """One FedAvg round: the mean of the asked parties' (locally DP) adapter updates, in plain aggregation.
 
         Local DP-SGD makes each update DP on its own, so the server may see them one by one; a party that
@@ -262,7 +276,7 @@ class FlowerAggregator:
                   "request": train_round.request, "noise_multiplier": float(train_round.noise_multiplier),
                   "max_records": int(self.settings.max_records), **self.settings.party_data}
         result, strategy = self._round([np.asarray(train_round.adapter, dtype=np.float32)], config,
-                                       self.nodes_of(train_round.parties), None, plain=True, on_received=on_received)
+                                       self.nodes_of(train_round.parties), None, plain=True, on_exposed=on_exposed)
         if strategy.total is None:
             raise FederationError(
                 f"training round {train_round.round_index}: no training party answered"
@@ -296,13 +310,13 @@ class FlowerAggregator:
         return roster
 
     def _round(self, arrays: list[np.ndarray], config: dict, nodes: list[int] | None, workflow: Any,
-               *, plain: bool = False, on_received: Callable[[], None] | None = None) -> tuple[RoundResult, Any]:
+               *, plain: bool = False, on_exposed: Callable[[], None] | None = None) -> tuple[RoundResult, Any]:
         from flwr.server import LegacyContext, ServerConfig
         from flwr.server.workflow import DefaultWorkflow
 
         s = self.settings if not plain else dataclasses.replace(self.settings, secure=False)
         t0 = time.perf_counter()
-        strategy = _sum_strategy(arrays, config, s, nodes, on_received)
+        strategy = _sum_strategy(arrays, config, s, nodes, on_exposed if workflow is None else None)
         legacy = LegacyContext(context=self.context, config=ServerConfig(num_rounds=1, round_timeout=s.timeout),
                                strategy=strategy)
         (DefaultWorkflow(fit_workflow=workflow) if workflow is not None else DefaultWorkflow())(self.grid, legacy)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from dpsynth.federated.flower_secagg import (
     quantization_range,
 )
 from dpsynth.finetune.request import AdapterTraining
-from dpsynth.fs import atomic_write_bytes, atomic_write_text
+from dpsynth.fs import atomic_write_bytes, atomic_write_text, sync_directory
 from dpsynth.privacy.schedule import Release
 from dpsynth.private.holder import ReleaseKey, ReleasingHolder, asked_about, check_training_release
 from dpsynth.voting.spec import VoteSpec
@@ -137,37 +138,46 @@ class FederatedHolder(ReleasingHolder):
             adapter = initial_adapter(Path(request.model), request.lora_r, request.lora_alpha, request.init_seed)
         payload = request.model_dump_json()
         for k in range(done, request.rounds):
-            received = self._receipt_mark(r.name, f"round{k}")
+            exposed = self._exposure_mark(r.name, f"round{k}", noise_multiplier)
             result = self.aggregator.train(TrainRound(r.name, k, adapter, payload, noise_multiplier,
-                                                      tuple(request.parties or ())), on_received=received)
+                                                      tuple(request.parties or ())), on_exposed=exposed)
             adapter = (adapter + request.server_learning_rate * result.total).astype(np.float32)
             self._log_round(r.name, result, group=r.scope, length=adapter.size, round_index=k)
             if saved is not None:
                 buffer = io.BytesIO()
                 np.savez(buffer, round=k + 1, adapter=adapter, settings=np.array(settings))
                 atomic_write_bytes(saved, buffer.getvalue())
-                (saved.parent / f"received-round{k}").unlink(missing_ok=True)  # saved: a resume starts after it
+                (saved.parent / f"exposed-round{k}").unlink(missing_ok=True)  # saved: a resume starts after it
             if report is not None:
                 report((k + 1) * request.steps, float(np.linalg.norm(result.total)))
         return adapter.astype(np.float64)
 
-    def _receipt_mark(self, release: str, what: str) -> Callable[[], None] | None:
-        """The callback the aggregator calls when the round's answers reach the server, before it sums them: it
-        marks the round as received, durably; the mark goes with the round's saved result. Why: the server sees
-        the answer before the run saves it; had the run stopped in between (a crash, a kill), a resume would ask
-        again with fresh noise and show the server a second answer that the run's ledger counts once. Such a
-        resume is refused here. A round stopped before any answer arrived leaves no mark and is asked again."""
+    def _exposure_mark(self, release: str, what: str, noise: float) -> Callable[[], None] | None:
+        """The callback the aggregator calls once the round's answers (or their sum) may reach the server: before
+        a plain round is sent (answers arrive one by one), when SecAgg+ starts unmasking. It marks the round
+        exposed, durably; the mark goes with the round's saved result. Why: the server may hold the answer before
+        the run saves it; had the run stopped in between (a crash, a kill, Ctrl-C), a resume would ask again with
+        fresh noise and show the server a second answer that the run's ledger counts once. Such a resume is
+        refused here; a round stopped before its answers could reach the server is asked again. The mark is
+        prepared before anything is sent, so a full disk stops the round before it is asked, and exposing it is
+        one rename. Un-noised releases (epsilon = inf: no guarantee to keep) and those already saved carry none."""
         work = self.store.work_dir(release)
-        if work is None:
+        if work is None or noise <= 0 or release in self.store:
             return None
-        marker = work / f"received-{what}"
+        marker, pending = work / f"exposed-{what}", work / f"pending-{what}"
         if marker.exists():
             raise DpsynthError(
-                f"{release} ({what}): the parties' answer reached the server before the run stopped and was not "
-                "saved; asking again would show the server a second noisy answer that the run's ledger does not "
-                "count (each party's own ledger counts both). Start a new run; or, if the server cannot have kept "
-                f"the answer, delete {marker} and resume")
-        return lambda: atomic_write_text(marker, "received\n")
+                f"{release} ({what}): the parties' answers may have reached the server before the run stopped, and "
+                "were not saved; asking again would show the server a second noisy answer that the run's ledger "
+                "does not count (each party's own ledger counts both). Start a new run; or, if no answer can have "
+                f"reached the server, delete {marker} and resume")
+        atomic_write_text(pending, "asked; exposed once renamed\n")
+
+        def expose() -> None:
+            os.replace(pending, marker)
+            sync_directory(work)
+
+        return expose
 
     def _round(self, release: Release, sigma: float, spec: VoteSpec, candidates: np.ndarray,
                labels: np.ndarray) -> np.ndarray:
@@ -182,10 +192,10 @@ class FederatedHolder(ReleasingHolder):
         # Without SecAgg+ nothing is clipped, so no clipping range is needed.
         clip = (clip_range(spec, self.config.max_records_per_party, party_sigma, asked, n_out,
                            self.clip_delta / rounds_in_run) if secure else 0.0)
-        received = self._receipt_mark(release.name, "votes")  # the mark goes with the saved release (ReleaseStore)
+        exposed = self._exposure_mark(release.name, "round", sigma)  # it goes with the saved release (ReleaseStore)
         result = self.aggregator.aggregate(VoteRound(release.name, spec, candidates, labels, party_sigma, clip,
                                                      parties=parties, min_parties=self._fewest(parties)),
-                                           on_received=received)
+                                           on_exposed=exposed)
         self._log_round(release.name, result, group=release.scope, length=n_out,
                         clipping_range=clip if secure else None,
                         quantization_step=2 * clip / quantization_range(self.config.parties) if secure else None)
