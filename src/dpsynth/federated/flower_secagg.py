@@ -155,7 +155,7 @@ def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSe
 
         def configure_fit(self, server_round, parameters, client_manager):
             instructions = self._instructions(server_round, parameters, client_manager)
-            if on_exposed is not None and not settings.secure:
+            if on_exposed is not None:  # given for plain rounds only (`FlowerAggregator._round`)
                 on_exposed()
             return instructions
 
