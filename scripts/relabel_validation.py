@@ -6,7 +6,7 @@ zero-shot sets of the relabel bench (`bench/relabel-<ds>/cells/zero-shot-all-eps
 relabels them; a logistic-regression probe (the bench's) trained on each set is scored on the validation set.
 Prints the mean macro-F1 change against the asked-for labels, per dataset and M.
 
-    .venv/bin/python scripts/relabel_validation.py [--bench bench] [--rules ambient projected]
+    .venv/bin/python scripts/relabel_validation.py [--bench bench] [--cells PATTERN] [--rules ambient projected]
 """
 
 from __future__ import annotations
@@ -81,6 +81,24 @@ def public(synth: np.ndarray, own: np.ndarray, private: np.ndarray, p_labels: np
     return corrected_labels(synth, own, denoise_in_synthetic_span(descriptions, basis), margin)
 
 
+def clean(synth: np.ndarray, own: np.ndarray, private: np.ndarray, p_labels: np.ndarray, n_labels: int,
+          rng: np.random.Generator, *, subspace: int = 16, margin: float = 0.05) -> np.ndarray:
+    """Not private (a ceiling): the stage's rule with the noise-free sums, so no noise test; what the centroids
+    could do if the release cost nothing."""
+    basis = synthetic_basis(synth, subspace)
+    sums = embedding_sums(private, p_labels, n_labels).reshape(n_labels, -1)
+    return corrected_labels(synth, own, denoise_in_synthetic_span(sums, basis), margin)
+
+
+def probe_clean(synth: np.ndarray, own: np.ndarray, private: np.ndarray, p_labels: np.ndarray, n_labels: int,
+                rng: np.random.Generator) -> np.ndarray:
+    """Not private (a ceiling): every sample takes the label a logistic-regression probe trained on the private
+    records predicts; what a linear classifier (rather than the label centroids) could do without noise."""
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(max_iter=2000).fit(private, p_labels).predict(unit_rows(synth)).astype(np.int64)
+
+
 def _private_centroids(synth, private, p_labels, n_labels, rng, subspace):
     sums = embedding_sums(private, p_labels, n_labels).reshape(n_labels, -1)
     noisy = sums + rng.normal(0.0, SIGMA, sums.shape)
@@ -124,6 +142,9 @@ RULES: dict[str, Rule] = {
     "projected-k8": lambda *a: projected(*a, subspace=8),
     "projected-k32": lambda *a: projected(*a, subspace=32),
     "projected-z3": lambda *a: projected(*a, min_z=3.0),
+    "clean": clean,
+    "clean-m0": lambda *a: clean(*a, margin=0.0),
+    "probe-clean": probe_clean,
 }
 
 
@@ -134,10 +155,13 @@ def main() -> None:
                         choices=[*RULES, "public", "blend", "blend-z1", "union"])
     parser.add_argument("--repeats", type=int, default=1,
                         help="private draws and noise draws per synthetic set (seeds 10+s+5r and 100+s+5r)")
+    parser.add_argument("--cells", default="relabel-{ds}/cells/zero-shot-all-epsNone-seed{seed}",
+                        help="the synthetic sets under --bench ({ds}: rt, trec or sms; {seed}: 0-4)")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     args = parser.parse_args()
     embedder = CachedEmbedder(SentenceTransformerEmbedder(), Path(tempfile.gettempdir()) / "relabel-validation.sqlite")
-    print("| dataset | M | " + " | ".join(args.rules) + " |  (macro-F1 change of the probe: mean (standard error))")
+    print("| dataset | M | " + " | ".join(args.rules) + " |  (macro-F1 change of the probe: mean (standard error), "
+          "share of samples moved)")
     for short in args.datasets:
         data = get_corpus(DATASETS[short]).load()
         train = split(data).train
@@ -153,11 +177,12 @@ def main() -> None:
         val_emb = embedder.encode(list(val.texts))
         sets = []
         for seed in range(5):
-            path = args.bench / f"relabel-{short}" / "cells" / f"zero-shot-all-epsNone-seed{seed}" / "synthetic.jsonl"
+            path = args.bench / args.cells.format(ds=short, seed=seed) / "synthetic.jsonl"
             rows = [json.loads(line) for line in path.read_text().splitlines()]
             sets.append((embedder.encode([r["text"] for r in rows]), np.array([names.index(r["label"]) for r in rows])))
         for m in (100, 1000):
             gains: dict[str, list[float]] = {r: [] for r in args.rules}
+            moved: dict[str, list[float]] = {r: [] for r in args.rules}
             for s, r in ((s, r) for s in range(len(sets)) for r in range(args.repeats)):
                 synth, own = sets[s]
                 private = sample_private(pool, m, seed=10 + s + 5 * r)
@@ -168,7 +193,9 @@ def main() -> None:
                     new = RULES[rule](synth, own, p_emb, p_labels, len(names), np.random.default_rng(100 + s + 5 * r))
                     score = probe_scores(synth, [names[i] for i in new], val_emb, list(val.labels))["macro_f1"]
                     gains[rule].append(100 * (score - base))
-            cells = [f"{np.mean(g):+.1f} ({np.std(g) / np.sqrt(len(g)):.1f})" for g in map(gains.get, args.rules)]
+                    moved[rule].append(float(np.mean(new != own)))
+            cells = [f"{np.mean(gains[r]):+.1f} ({np.std(gains[r]) / np.sqrt(len(gains[r])):.1f}), moved "
+                     f"{np.mean(moved[r]):.2f}" for r in args.rules]
             print(f"| {short} | {m} | " + " | ".join(cells) + " |", flush=True)
 
 
