@@ -467,6 +467,9 @@ def test_version_is_exposed(tmp_path: Path) -> None:
      "price_per_completion_token: Input should be a finite number"),
     ({"generators": [{"kind": "openai", "model": "m", "base_url": "127.0.0.1:8000/v1"}]},
      "base_url '127.0.0.1:8000/v1' needs its scheme: http://127.0.0.1:8000/v1"),
+    # pydantic's own words named classes: "... or instance of RelabelConfig", "... for <class 'pathlib.Path'>"
+    ({"relabel": 5}, "relabel: should be a mapping of its options (key: value lines under it)"),
+    ({"data": {"private": 5}}, "data.private: should be a file or folder path (got 5)"),
 ])
 def test_more_config_errors_are_one_line(change: dict, needle: str, tmp_path: Path) -> None:
     """Issue 33's own further cases (docs/bad-input.md rows 23i-23o): each one line, before anything runs."""
@@ -532,6 +535,12 @@ def test_issue_36_inputs_are_one_line_errors_before_the_run_directory(changes: l
                           env={**os.environ, **offline})
     _one_line_error(proc, needle)
     assert not (tmp_path / "run").exists(), "nothing left behind"
+
+
+def test_resuming_a_config_file_says_it_is_a_file_and_how_to_start_it(tmp_path: Path) -> None:
+    (tmp_path / "run.yaml").write_text("method: wasp\n")
+    _one_line_error(_cli("run", "--resume", "run.yaml", cwd=tmp_path),
+                    "run.yaml is a file, not a run directory (to start a run from a config: `dpsynth run run.yaml`)")
 
 
 def test_dry_run_of_a_resume_is_refused(tmp_path: Path) -> None:

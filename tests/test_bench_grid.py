@@ -51,6 +51,52 @@ def test_a_comparator_must_exist_and_run_at_one_epsilon() -> None:
                    {"name": "q1", "method": "wasp", "compare_with": "wasp"}))
 
 
+def test_entries_of_one_name_may_not_make_one_cell_twice_or_mix_methods() -> None:
+    def grid(*variants: dict) -> BenchConfig:
+        return BenchConfig.model_validate({"base": BASE, "seeds": [0], "baseline": None, "variants": list(variants)})
+
+    # two entries of one name, settings apart, made one cell name twice: the second was refused only after the
+    # first had run (and paid)
+    with pytest.raises(DpsynthError, match="two entries make the cell w-all-eps4.0-seed0"):
+        cells(grid({"name": "w", "method": "wasp", "overrides": {"wasp": {"q": 1}}},
+                   {"name": "w", "method": "wasp", "overrides": {"wasp": {"q": 4}}}))
+    with pytest.raises(DpsynthError, match=r"its entries name two methods \(wasp, augpe\)"):
+        cells(grid({"name": "x", "method": "wasp"}, {"name": "x", "method": "augpe"}))
+    cells(grid({"name": "w", "method": "wasp"}, {"name": "w", "method": "wasp", "seeds": [1]}))  # adds cells
+
+
+@pytest.mark.parametrize("field", ["seeds", "epsilons"])
+def test_an_empty_seed_or_epsilon_list_is_refused(field: str) -> None:
+    """Before: `seeds: []` blamed compare_with, `epsilons: []` dropped the private variants silently and ran the
+    rest."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=field):
+        BenchConfig.model_validate({"base": BASE, field: [], "variants": [{"name": "z", "method": "zero-shot"}]})
+    with pytest.raises(ValidationError, match=field):
+        BenchConfig.model_validate({"base": BASE, "variants": [{"name": "z", "method": "wasp", field: []}]})
+
+
+def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    from dpsynth.bench.grid import run_grid
+
+    bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "variants": [{"name": "zero-shot",
+                                                                                  "method": "zero-shot"}]})
+    (tmp_path / "results.csv").write_text("id,score\n1,0.9\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(DpsynthError, match="holds files no bench wrote"):
+        run_grid(bench, mine, run_missing=False)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    with pytest.raises(DpsynthError, match="is a file"):
+        run_grid(bench, tmp_path / "notes.txt", run_missing=False)
+    # a bench's own folder (its results.csv) is reported into; with no finished cell nothing is written
+    assert run_grid(bench, tmp_path, run_missing=False) == []
+    assert (tmp_path / "results.csv").read_text() == "id,score\n1,0.9\n"
+
+
 def test_only_runs_the_named_variants_and_what_they_are_compared_with(tmp_path: Path, monkeypatch) -> None:
     from dpsynth.bench.grid import needed_variants, run_grid
     from dpsynth.runs import engine

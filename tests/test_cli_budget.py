@@ -48,6 +48,20 @@ def test_budget_of_a_whole_run_config(tmp_path) -> None:
     assert "vote_sigma: 3.531" in out and "SecAgg+ clipping reserve 1e-08" in out and "epsilon spent: 3.99" in out
 
 
+def test_budget_with_a_config_refuses_the_options_it_would_ignore(tmp_path) -> None:
+    """Before: `budget wasp --config zero_shot.yaml` and `--q 5 -T 4 --parties 3` beside --config printed the
+    config's plan as if they had been applied."""
+    (tmp_path / "run.yaml").write_text(
+        "data: {corpus: rotten_tomatoes, m: 100}\ngenerators: [{model: smollm2-135m-instruct}]\n"
+        "wasp: {iterations: 5, q: 8}\nprivacy: {epsilon: 4, delta: 1.0e-5}\n")
+    for args, named in ((["wasp"], "METHOD"), (["--q", "5", "-T", "4", "--parties", "3"],
+                                               "--q, --iterations, --parties"),
+                        (["--epsilon", "3"], "--epsilon"), (["--relabel-share", "0.5"], "--relabel-share")):
+        done = subprocess.run([sys.executable, "-m", "dpsynth", "budget", *args, "--config", str(tmp_path / "run.yaml")],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and f"drop {named}" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("parties,expected", [("5", "3.16"), ("10", "4.71")])
 def test_federated_single_party_view(parties: str, expected: str) -> None:
     out = _budget("wasp", "--sigma", "9.69", "--iterations", "5", "--parties", parties)

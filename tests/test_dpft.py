@@ -90,7 +90,7 @@ def test_a_tiny_real_run_trains_once_generates_and_resumes(tmp_path: Path, monke
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     (event,) = privacy["events"]
     assert event["name"] == "dpft.training" and event["count"] == 3 and event["sampling_rate"] == 0.5
-    assert event["sampler"] == "poisson" and privacy["epsilon"] <= 4.0 * (1 + 1e-6)
+    assert event["sampler"] == "poisson" and privacy["epsilon"] == pytest.approx(4.0, rel=1e-3)
     assert "sum of 4 draws" in privacy["noise"]["dp_sgd"]  # the report says DP-SGD's noise is not exact
     assert "DP-SGD's noise: float64 Gaussian" in (tmp_path / "run" / "README.md").read_text()  # and the card
     from dpsynth.runs.planning import plan_privacy

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from dpsynth.runs.config import parse_config
@@ -14,11 +15,14 @@ from dpsynth.runs.planning import plan_privacy
 pytestmark = pytest.mark.slow
 
 
+def _private_texts() -> list[str]:
+    return [f"{'A warm, funny and moving film' if i % 2 else 'A dull, lifeless and boring film'} number {i}."
+            for i in range(24)]
+
+
 def _config(method: str, tmp_path: Path) -> dict:
-    rows = "text,label\n" + "".join(
-        f"{'A warm, funny and moving film' if i % 2 else 'A dull, lifeless and boring film'} number {i}.,"
-        f"{'positive' if i % 2 else 'negative'}\n" for i in range(24))
-    (tmp_path / "private.csv").write_text(rows)
+    frame = pd.DataFrame({"text": _private_texts(), "label": ["negative", "positive"] * 12})
+    frame.to_csv(tmp_path / "private.csv", index=False)  # the texts hold commas: quoted
     return {
         "method": method,
         "data": {"private": str(tmp_path / "private.csv")},
@@ -56,8 +60,8 @@ def test_federated_run_with_secagg(method: str, tmp_path: Path) -> None:
     assert out["metrics"]["federated"]["aggregation_seconds"] > 0
     lines = (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()
     assert len(lines) >= 6 and out["metrics"]["method"] == method
-    private = (tmp_path / "private.csv").read_text().splitlines()[1:]
+    assert list(pd.read_csv(tmp_path / "private.csv")["text"]) == _private_texts()  # what the run loads
     for path in (tmp_path / "run").rglob("*"):
-        if path.is_file() and path.suffix in {".json", ".jsonl", ".log", ".yaml"}:
+        if path.is_file() and path.suffix in {".json", ".jsonl", ".log", ".yaml", ".md"}:
             text = path.read_text()
-            assert not any(row.split(",")[0] in text for row in private), f"private text in {path}"
+            assert not any(record in text for record in _private_texts()), f"private text in {path}"

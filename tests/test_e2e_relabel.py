@@ -49,7 +49,8 @@ def test_relabelling_changes_only_labels_and_releases_one_noisy_vector(tmp_path:
 
     (release,) = (tmp_path / "relabel" / "checkpoints" / "releases").glob("*.json")
     values = json.loads(release.read_text())["values"]
-    assert len(values) == 2 * 384 and sum(float(v).is_integer() for v in values) == 0
+    assert len(values) == 2 * 384  # one row of sums per label (their noise is checked against the clean sums in
+    # tests/test_relabel.py)
 
     needles = set().union(*(_substrings(t) for t in CANARIES))
     for path in (p for p in (tmp_path / "relabel").rglob("*") if p.is_file()):

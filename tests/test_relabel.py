@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 import yaml
 from fakes import FakeGenerator
-from test_engine import _budget_epsilon, _config
+from test_engine import PRIVATE, _budget_epsilon, _config
 from typer.testing import CliRunner
 
 from dpsynth.bench.grid import BenchConfig, cells
 from dpsynth.cli import _typer_app
+from dpsynth.config import DEFAULT_EMBEDDER
+from dpsynth.embed.sentence import SentenceTransformerEmbedder
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.relabel import (
     RELABEL,
@@ -32,6 +34,7 @@ from dpsynth.methods.relabel import (
 )
 from dpsynth.runs.config import parse_config
 from dpsynth.runs.planning import plan_for_method
+from dpsynth.voting.scores import unit_rows
 from dpsynth.voting.spec import VoteSpec, compute_votes
 
 
@@ -177,10 +180,22 @@ def test_zero_shot_plus_relabelling_pays_what_budget_plans_and_changes_only_labe
     stage = json.loads((run / "metrics.json").read_text())["iterations"][-1]["relabel"]
     final = [json.loads(x) for x in (run / "synthetic.jsonl").read_text().splitlines()]
     assert stage["samples"] == len(final) == 12
+    plain_raw = _relabel_config(tmp_path)
+    del plain_raw["relabel"]
+    (tmp_path / "plain").mkdir()
+    plain = [json.loads(x) for x in (_run(tmp_path / "plain", plain_raw) / "synthetic.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in final] == [r["text"] for r in plain], "the texts and their order are unchanged"
+    assert stage["moved"] == sum(a["label"] != b["label"] for a, b in zip(final, plain)) > 0
     assert stage["moved"] == sum(stage["moved_to"].values())
     released = json.loads(next((run / "checkpoints" / "releases").glob("relabel*")).read_text())
-    values = np.asarray(released["values"], dtype=float)
-    assert len(values) % 2 == 0 and len(values) > 2 and not np.all(values == np.round(values)), \
+    values = np.asarray(released["values"], dtype=float).reshape(2, -1)
+    # the saved release is the clean per-label sums plus noise of the planned sigma, recomputed here from the
+    # private records with the run's own embedder
+    emb = unit_rows(SentenceTransformerEmbedder(DEFAULT_EMBEDDER).encode([t for t, _ in PRIVATE]))
+    clean = np.stack([emb[[y == c for _, y in PRIVATE]].sum(axis=0) for c in stage["moved_to"]])  # the run's order
+    sigma = next(k["value"] for k in privacy["plan"]["knobs"] if k["name"] == RELABEL_SIGMA)
+    residual = values - clean
+    assert residual.std() == pytest.approx(sigma, rel=0.1) and abs(residual.mean()) < 0.15 * sigma, \
         "one noisy row of sums per label is saved, nothing clean"
 
 

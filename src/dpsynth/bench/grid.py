@@ -41,11 +41,11 @@ class Variant(BaseModel):
                       "variant)")
     method: str = Field(..., description="a registered method (dpsynth budget --help lists them) or private_only")
     overrides: dict[str, Any] = Field(default_factory=dict, description="run-config keys to change")
-    epsilons: list[float] | None = Field(None, description="this variant's epsilons (default: the bench's); "
-                                            "inf = non-private reference")
+    epsilons: list[float] | None = Field(None, min_length=1, description="this variant's epsilons (default: the "
+                                         "bench's); inf = non-private reference")
     plms: list[str] | None = Field(None, description="generator names to use (a one-PLM method, e.g. "
                                         "Aug-PE without fuse, runs one cell per PLM)")
-    seeds: list[int] | None = Field(None, description="this variant's seeds (default: the bench's)")
+    seeds: list[int] | None = Field(None, min_length=1, description="this variant's seeds (default: the bench's)")
     compare_with: str | list[str] | None = Field(
         None, description="the variant(s) this one is paired with (default: the bench's baseline), e.g. the "
         "zero-shot runs with the same number of outputs and with the same number of generator calls")
@@ -65,10 +65,10 @@ class BenchConfig(BaseModel):
     name: str = Field("bench", description="the grid's name (its default output directory is bench/NAME)")
     base: dict[str, Any] = Field(..., description="run config shared by every cell (data, generators, ...)")
     variants: list[Variant] = Field(..., min_length=1, description="the methods compared (bench.variants)")
-    epsilons: list[float] = Field(default_factory=lambda: [4.0], description="epsilons every DP variant runs at "
-                                  "(a variant's own epsilons replace them)")
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], description="the run seeds every variant runs "
-                             "with; differences are paired by seed")
+    epsilons: list[float] = Field(default_factory=lambda: [4.0], min_length=1, description="epsilons every DP "
+                                  "variant runs at (a variant's own epsilons replace them)")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="the run seeds every "
+                             "variant runs with; differences are paired by seed")
     eval_distribution: bool = Field(True, description="MAUVE per cell (FID, k-NN precision/recall and diversity "
                                                       "are always computed: a second or two a cell)")
     classifiers: list[Literal["probe", "finetune"]] = Field(
@@ -105,7 +105,11 @@ def _merge(base: dict, overrides: dict) -> dict:
 def cells(bench: BenchConfig) -> list[dict]:
     """Every (variant, plm, epsilon, seed) cell with its full run config."""
     out = []
+    methods: dict[str, str] = {}
     for v in bench.variants:
+        if methods.setdefault(v.name, v.method) != v.method:
+            raise DpsynthError(f"variant {v.name}: its entries name two methods ({methods[v.name]}, {v.method}); "
+                               "give each method its own variant name")
         generators = [g for g in bench.base["generators"] if v.plms is None or _plm_name(g) in v.plms]
         if not generators:
             raise DpsynthError(f"variant {v.name}: none of plms {v.plms} is in base.generators")
@@ -141,8 +145,20 @@ def cells(bench: BenchConfig) -> list[dict]:
                     name = f"{v.name}-{plm_tag if alone else 'all'}-eps{eps}-seed{seed}"
                     out.append({"name": name, "variant": v.name, "method": v.method, "plms": plm_tag,
                                 "epsilon": eps, "seed": seed, "config": raw, "sample_weights": v.sample_weights})
+    _check_cell_names(out)
     _check_comparators(bench, out)
     return out
+
+
+def _check_cell_names(grid: list[dict]) -> None:
+    """Entries of one variant name add cells to it, but two may not make the same cell: its run directory would
+    hold one of them and the other would be refused only after the first had run (and paid)."""
+    seen: dict[str, dict] = {}
+    for cell in grid:
+        first = seen.setdefault(cell["name"], cell)
+        if first is not cell:
+            raise DpsynthError(f"variant {cell['variant']}: two entries make the cell {cell['name']}; give them "
+                               "different names, plms, epsilons or seeds")
 
 
 def _runs_alone(cls: Any, section: dict) -> bool:
@@ -203,6 +219,7 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
     scored."""
     from dpsynth.data.public import load_test
 
+    _refuse_a_folder_of_other_files(out)
     wanted = None if only is None else needed_variants(bench, only)
     rows: dict[int, list[dict]] = {}
     left: list[int] = []  # cells claimed by another bench process
@@ -245,8 +262,21 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
         with claim:
             rows[i] = _cell_rows(bench, cell, config, load_test(config), out, True, log, progress)
     ordered = [row for i in sorted(rows) for row in rows[i]]
-    _write_csv(out / "results.csv", ordered)
+    if ordered:  # none: the caller says so, and writes nothing
+        _write_csv(out / "results.csv", ordered)
     return ordered
+
+
+BENCH_FILES = ("cells", "results.csv", "results.md", "report.html")
+
+
+def _refuse_a_folder_of_other_files(out: Path) -> None:
+    """A bench writes its cells and tables into `out`: a folder that already holds files but none a bench wrote
+    is the user's (a typo'd -o), whose results.csv or report would be overwritten."""
+    if out.is_file():
+        raise DpsynthError(f"{out} is a file: give a folder for the bench's cells and tables")
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in BENCH_FILES):
+        raise DpsynthError(f"{out} holds files no bench wrote: give a new or empty folder (or a bench's own) to -o")
 
 
 def _claim_path(out: Path, cell: dict) -> Path:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import typer
+from click.core import ParameterSource
 
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.registry import method_class, method_names
@@ -22,6 +23,7 @@ from dpsynth.runs.planning import PrivacyPlan, plan_for_method, plan_privacy
 
 
 def budget(
+    ctx: typer.Context,
     method: str | None = typer.Argument(None, help="A method (wasp, augpe, ...); or give --config."),
     config: str | None = typer.Option(None, "--config", help="Plan exactly this run config."),
     epsilon: float | None = typer.Option(None, "--epsilon", help="Target epsilon: prints the noise to use."),
@@ -52,10 +54,12 @@ def budget(
     METHOD: augpe, dpft, dpga, fedgen, fusegen, popri, wasp or zero-shot (with its options below); or give
     --config RUN.yaml to plan exactly that run."""
     if config is not None:
-        plan = plan_privacy(load_config(Path(config)))
-        if sigma is not None or epsilon is not None:
-            raise DpsynthError("with --config the budget comes from the config's privacy section")
-        print_plan(plan, None)
+        given = [_flag(ctx, name) for name in ctx.params if name != "config" and
+                 ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
+        if given:  # before: ignored silently, and the config's plan printed as if they had been applied
+            raise DpsynthError(f"with --config the budget comes from the config's privacy section and the run from "
+                               f"the config: drop {', '.join(given)}")
+        print_plan(plan_privacy(load_config(Path(config))), None)
         return
     if method is None:
         raise DpsynthError(f"give a method ({', '.join(method_names())}) or --config RUN.yaml")
@@ -84,6 +88,12 @@ def budget(
                            resample=_stage(resample_sigma, resample_share),
                            relabel=_stage(relabel_sigma, relabel_share))
     print_plan(plan, sigma)
+
+
+def _flag(ctx: typer.Context, name: str) -> str:
+    """How the user wrote parameter `name`: its first option string, or its name in capitals for an argument."""
+    param = next(p for p in ctx.command.params if p.name == name)
+    return param.opts[0] if param.opts and param.opts[0].startswith("-") else name.upper()
 
 
 def _stage(sigma: float | None, share: float | None) -> dict | None:

@@ -116,7 +116,12 @@ def _execute(config: RunConfig | None, run_dir: Path) -> None:
                 err=True,
             )
             raise typer.Exit(130) from None
-    _print_summary(run_dir, result)
+    try:
+        _print_summary(run_dir, result)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted while printing the summary; the run had finished: its outputs are in {run_dir}",
+                   err=True)
+        raise typer.Exit(130) from None
 
 
 @contextmanager

@@ -342,6 +342,12 @@ def length_histogram(lengths: np.ndarray, edges: list[int]) -> np.ndarray:
     return np.bincount(np.clip(idx, 0, bins - 1), minlength=bins).astype(np.float64)
 
 
+def svt_query(lengths: np.ndarray, which: str, bound: int) -> float:
+    """One query of `svt_length_bound`'s stream: minus the number of texts beyond `bound` (longer for 'max',
+    shorter for 'min'). Sensitivity 1: adding or removing one text changes the count by at most one."""
+    return -float(np.sum(lengths > bound) if which == "max" else np.sum(lengths < bound))
+
+
 def svt_length_bound(lengths: np.ndarray, which: str, cap: int, scale: float | None,
                      rng: np.random.Generator | Callable[[float], float]) -> int:
     """AboveThreshold (papers/003 App. B.2) over the query stream of counts beyond a candidate bound.
@@ -352,11 +358,7 @@ def svt_length_bound(lengths: np.ndarray, which: str, cap: int, scale: float | N
     2b), which makes the run (2 Delta / b)-DP; scale=None (epsilon = inf runs) gives the exact answer.
     """
     candidates = range(cap + 1) if which == "max" else range(cap, -1, -1)
-
-    def query(i: int) -> float:
-        return -float(np.sum(lengths > i) if which == "max" else np.sum(lengths < i))
-
-    found = above_threshold((query(i) for i in candidates), threshold=0.0, scale=scale, rng=rng)
+    found = above_threshold((svt_query(lengths, which, i) for i in candidates), threshold=0.0, scale=scale, rng=rng)
     if found is None:
         return cap if which == "max" else 0
     return list(candidates)[found]

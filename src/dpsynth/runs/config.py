@@ -123,6 +123,10 @@ def first_error(err: ValidationError, model: type[BaseModel] | None = None, sect
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "model_type":  # "... or instance of RelabelConfig": the class is no user's word
+        msg = "should be a mapping of its options (key: value lines under it)"
+    elif first["type"] == "path_type":  # "... for <class 'pathlib.Path'>"
+        msg = f"should be a file or folder path (got {first['input']!r})"
     if first["type"] == "extra_forbidden" and model is not None:
         msg = unknown_option(model, tuple(first["loc"]), section) or msg
     return f"{loc}: {msg}"

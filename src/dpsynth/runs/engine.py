@@ -132,6 +132,9 @@ class Run:
     @classmethod
     def resume(cls, run_dir: Path, **kw: Any) -> Run:
         d = RunDir(run_dir)
+        if d.root.is_file():
+            raise DpsynthError(f"{d.root} is a file, not a run directory (to start a run from a config: `dpsynth run "
+                               f"{d.root}`)")
         if not d.config.is_file():
             hint = (" (a run stopped before it wrote its config spent nothing: start it again with `dpsynth run "
                     f"CONFIG -o {d.root}`)" if d.lock.exists() else "")
