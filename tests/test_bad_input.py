@@ -470,6 +470,7 @@ def test_version_is_exposed(tmp_path: Path) -> None:
     # pydantic's own words named classes: "... or instance of RelabelConfig", "... for <class 'pathlib.Path'>"
     ({"relabel": 5}, "relabel: should be a mapping of its options (key: value lines under it)"),
     ({"data": {"private": 5}}, "data.private: should be a file or folder path (got 5)"),
+    ({"method": "zero-shot", "zero-shot": 5}, "c.yaml: zero-shot: should be a mapping of its options"),
 ])
 def test_more_config_errors_are_one_line(change: dict, needle: str, tmp_path: Path) -> None:
     """Issue 33's own further cases (docs/bad-input.md rows 23i-23o): each one line, before anything runs."""
@@ -540,7 +541,16 @@ def test_issue_36_inputs_are_one_line_errors_before_the_run_directory(changes: l
 def test_resuming_a_config_file_says_it_is_a_file_and_how_to_start_it(tmp_path: Path) -> None:
     (tmp_path / "run.yaml").write_text("method: wasp\n")
     _one_line_error(_cli("run", "--resume", "run.yaml", cwd=tmp_path),
-                    "run.yaml is a file, not a run directory (to start a run from a config: `dpsynth run run.yaml`)")
+                    "run.yaml is a file, not a run directory (to start a new run from this config: `dpsynth run "
+                    "run.yaml`)")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("method: wasp\n")  # a new run from it would pay again
+    _one_line_error(_cli("run", "--resume", "run/config.yaml", cwd=tmp_path),
+                    "(to resume the run holding it: `dpsynth run --resume run`)")
+    (tmp_path / "p.csv").write_text("text,label\n")
+    proc = _cli("run", "--resume", "p.csv", cwd=tmp_path)
+    _one_line_error(proc, "p.csv is a file, not a run directory")
+    assert "dpsynth run" not in proc.stderr
 
 
 def test_dry_run_of_a_resume_is_refused(tmp_path: Path) -> None:

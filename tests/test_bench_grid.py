@@ -82,19 +82,27 @@ def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(tmp_path:
 
     bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "variants": [{"name": "zero-shot",
                                                                                   "method": "zero-shot"}]})
-    (tmp_path / "results.csv").write_text("id,score\n1,0.9\n")
-    (tmp_path / "notes.txt").write_text("mine")
     mine = tmp_path / "mine"
     mine.mkdir()
-    (mine / "notes.txt").write_text("mine")
-    with pytest.raises(DpsynthError, match="holds files no bench wrote"):
-        run_grid(bench, mine, run_missing=False)
-    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    (mine / "results.csv").write_text("id,score\n1,0.9\n")  # the user's own, the name a bench would write
+    (mine / "README.md").write_text("mine")
+    for run_missing in (True, False):
+        with pytest.raises(DpsynthError, match="holds files no bench wrote"):
+            run_grid(bench, mine, run_missing=run_missing)
+    assert sorted(p.name for p in mine.iterdir()) == ["README.md", "results.csv"]
+    assert (mine / "results.csv").read_text() == "id,score\n1,0.9\n"
     with pytest.raises(DpsynthError, match="is a file"):
-        run_grid(bench, tmp_path / "notes.txt", run_missing=False)
-    # a bench's own folder (its results.csv) is reported into; with no finished cell nothing is written
-    assert run_grid(bench, tmp_path, run_missing=False) == []
-    assert (tmp_path / "results.csv").read_text() == "id,score\n1,0.9\n"
+        run_grid(bench, mine / "README.md", run_missing=False)
+    # hidden files alone do not make a folder the user's; a bench's own folder (its cells/) is reported into, and
+    # with no finished cell nothing is written
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / ".gitkeep").write_text("")
+    assert run_grid(bench, hidden, run_missing=False) == []
+    (hidden / "cells").mkdir()
+    (hidden / "notes.txt").write_text("mine")
+    assert run_grid(bench, hidden, run_missing=False) == []
+    assert sorted(p.name for p in hidden.iterdir()) == [".gitkeep", "cells", "notes.txt"]
 
 
 def test_only_runs_the_named_variants_and_what_they_are_compared_with(tmp_path: Path, monkeypatch) -> None:

@@ -170,12 +170,12 @@ def _kill_and_resume(workdir: Path, method: str, trial: int, milestone: str, del
     while proc.poll() is None and time.monotonic() < until:
         time.sleep(0.005)
     where = f"{method}, trial {trial}: SIGKILL {delay:.3f}s after {milestone} appeared"
-    killed = proc.poll() is None
-    if killed:
+    if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
-    else:
-        where += " (the run had already ended)"
     proc.communicate(timeout=60)
+    killed = proc.returncode == -signal.SIGKILL  # not if it exited between the poll and the signal
+    if not killed:
+        where += " (the run had already ended)"
     left = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
     print(f"{where}: files left {left}")  # shown with pytest -s / -rP
     saved = _releases(run_dir)

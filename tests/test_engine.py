@@ -77,6 +77,7 @@ def test_every_method_runs_and_pays_what_budget_plans(method: str, labels: str |
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     planned = _budget_epsilon(tmp_path / "run.yaml")
     assert privacy["epsilon"] == pytest.approx(planned, abs=1e-4)
+    assert privacy["epsilon"] <= 2.0 * (1 + 1e-6)  # the planner's own cap, checked here against the config's budget
     names = [e["name"] for e in privacy["events"]]
     assert (names[0] in ("labels.histogram", "dpga.labels")) == (labels == "dp") and len(names) == len(set(names))
     assert "epsilon spent" in CliRunner().invoke(_typer_app, ["budget", "--config", str(tmp_path / "run.yaml")]).output \

@@ -197,6 +197,9 @@ def test_zero_shot_plus_relabelling_pays_what_budget_plans_and_changes_only_labe
     residual = values - clean
     assert residual.std() == pytest.approx(sigma, rel=0.1) and abs(residual.mean()) < 0.15 * sigma, \
         "one noisy row of sums per label is saved, nothing clean"
+    # and the sums are in it, each label's in its row: pure noise gives a slope near 0, swapped rows about 0.7
+    # (standard error about 0.07 here)
+    assert float((values * clean).sum() / (clean * clean).sum()) == pytest.approx(1.0, abs=0.25)
 
 
 def test_blend_scoring_pays_the_same_release_and_reports_its_shares(tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def _check_cell_names(grid: list[dict]) -> None:
         first = seen.setdefault(cell["name"], cell)
         if first is not cell:
             raise DpsynthError(f"variant {cell['variant']}: two entries make the cell {cell['name']}; give them "
-                               "different names, plms, epsilons or seeds")
+                               "different names (or plms or seeds)")
 
 
 def _runs_alone(cls: Any, section: dict) -> bool:
@@ -232,6 +232,8 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
               and not RunDir(out / "cells" / cell["name"]).is_finished()]
     for generator in {g.model_dump_json(): g for config in to_run for g in config.generators}.values():
         check_generator(generator)  # a report, or finished cells, need no model file or key
+    if run_missing:
+        make_dir(out / "cells")  # the folder's mark as a bench's (private_only rows alone make no cell)
     for i, cell in enumerate(grid):
         run_missing_here = run_missing and (wanted is None or cell["variant"] in wanted)
         config = configs[i]
@@ -267,15 +269,13 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
     return ordered
 
 
-BENCH_FILES = ("cells", "results.csv", "results.md", "report.html")
-
-
 def _refuse_a_folder_of_other_files(out: Path) -> None:
-    """A bench writes its cells and tables into `out`: a folder that already holds files but none a bench wrote
-    is the user's (a typo'd -o), whose results.csv or report would be overwritten."""
+    """A bench writes its cells and tables into `out`: a folder that holds files but no `cells/` (which every bench
+    makes before its first table) is the user's (a typo'd -o), whose results.csv or report would be overwritten.
+    Hidden files (.DS_Store, .gitkeep, a temporary file a crash left) do not count."""
     if out.is_file():
         raise DpsynthError(f"{out} is a file: give a folder for the bench's cells and tables")
-    if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in BENCH_FILES):
+    if out.is_dir() and not (out / "cells").is_dir() and any(not p.name.startswith(".") for p in out.iterdir()):
         raise DpsynthError(f"{out} holds files no bench wrote: give a new or empty folder (or a bench's own) to -o")
 
 

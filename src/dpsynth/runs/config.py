@@ -100,7 +100,7 @@ def parse_config(raw: dict, where: str = "config", *, other_methods: OtherMethod
         try:
             extra[key] = cls.Options.model_validate(extra[key] or {})
         except ValidationError as err:
-            raise DpsynthError(f"{where}: {key}.{first_error(err, cls.Options, key)}") from err
+            raise DpsynthError(f"{where}: {key}{_nested(first_error(err, cls.Options, key))}") from err
     known = backend_names()
     for i, g in enumerate(config.generators):
         if g.kind not in known:
@@ -115,6 +115,11 @@ def parse_config(raw: dict, where: str = "config", *, other_methods: OtherMethod
 
 def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def _nested(error: str) -> str:
+    """A section's first error placed under the section's name: `.field: why`, or `: why` for the section itself."""
+    return error.removeprefix("(top level)") if error.startswith("(top level):") else f".{error}"
 
 
 def first_error(err: ValidationError, model: type[BaseModel] | None = None, section: str | None = None) -> str:

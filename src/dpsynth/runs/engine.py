@@ -81,6 +81,16 @@ def _close_request_caches(generators: dict[str, CachedGenerator]) -> None:
         cache.close()
 
 
+def _hint_for_a_file(path: Path) -> str:
+    """What a user who gave `--resume` a file meant: the run holding it (its config.yaml, say), or a new run from
+    a config; nothing for a data file."""
+    if RunDir(path.parent).config.is_file():
+        return f" (to resume the run holding it: `dpsynth run --resume {path.parent}`)"
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return f" (to start a new run from this config: `dpsynth run {path}`)"
+    return ""
+
+
 class Run:
     """Executes (or resumes) one run of `config.method` in `run_dir`."""
 
@@ -133,8 +143,7 @@ class Run:
     def resume(cls, run_dir: Path, **kw: Any) -> Run:
         d = RunDir(run_dir)
         if d.root.is_file():
-            raise DpsynthError(f"{d.root} is a file, not a run directory (to start a run from a config: `dpsynth run "
-                               f"{d.root}`)")
+            raise DpsynthError(f"{d.root} is a file, not a run directory{_hint_for_a_file(d.root)}")
         if not d.config.is_file():
             hint = (" (a run stopped before it wrote its config spent nothing: start it again with `dpsynth run "
                     f"CONFIG -o {d.root}`)" if d.lock.exists() else "")
