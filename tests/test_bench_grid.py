@@ -87,7 +87,8 @@ def test_a_folder_of_the_users_own_files_is_refused_and_left_as_it_was(tmp_path:
     (mine / "results.csv").write_text("id,score\n1,0.9\n")  # the user's own, the name a bench would write
     (mine / "README.md").write_text("mine")
     for run_missing in (True, False):
-        with pytest.raises(DpsynthError, match="holds files no bench wrote"):
+        with pytest.raises(DpsynthError, match=r"holds files that are not a dpsynth bench's \(README.md, "
+                                               r"results.csv\), which the bench would overwrite"):
             run_grid(bench, mine, run_missing=run_missing)
     assert sorted(p.name for p in mine.iterdir()) == ["README.md", "results.csv"]
     assert (mine / "results.csv").read_text() == "id,score\n1,0.9\n"

@@ -555,6 +555,9 @@ def test_a_run_is_refused_in_a_folder_holding_files_no_run_made(tmp_path: Path) 
         Run.create(parse_config(raw), project)
     (tmp_path / "empty").mkdir()
     Run.create(parse_config(raw), tmp_path / "empty").close()  # an empty folder is taken
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / ".DS_Store").write_text("")  # and one holding hidden files only
+    Run.create(parse_config(raw), tmp_path / "hidden").close()
 
 
 def test_the_holders_time_is_counted_and_kept_out_of_the_shared_metrics(tmp_path: Path) -> None:

@@ -50,6 +50,24 @@ def make_dir(path: Path) -> None:
         path.mkdir(mode=DIR_MODE, exist_ok=True)  # a file in the way: the same error as before
 
 
+def foreign_entries(folder: Path, marks: tuple[Path, ...]) -> list[str]:
+    """The visible entries of an existing folder that a dpsynth command is about to write into, when none of its
+    `marks` (what that command makes there first) exists: the user's own files, which it would overwrite (a run or a
+    bench started with `-o` on a project folder). Hidden entries (.DS_Store, .gitkeep, .git) do not count."""
+    if not folder.is_dir() or any(mark.exists() for mark in marks):
+        return []
+    return sorted(name for name in os.listdir(folder) if not name.startswith("."))
+
+
+def refuse_foreign_entries(folder: Path, marks: tuple[Path, ...], whose: str) -> None:
+    """One-line error naming up to three of `foreign_entries`, before anything is written into `folder`."""
+    foreign = foreign_entries(folder, marks)
+    if foreign:
+        raise DpsynthError(f"{folder} holds files that are not a dpsynth {whose}'s ({', '.join(foreign[:3])}"
+                           f"{', ...' if len(foreign) > 3 else ''}), which the {whose} would overwrite; give a new or "
+                           f"empty directory for the {whose}'s outputs")
+
+
 def ensure_writable_dir(path: Path) -> Path:
     """Create `path` if needed and check that files can be made in it; raises the OSError the user must fix
     (a file in the way, a read-only mount, no permission), so a run can check its cache before it makes

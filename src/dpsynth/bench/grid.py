@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dpsynth.config import RelabelConfig
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir, atomic_write_text, exclusive_lock, make_dir
+from dpsynth.fs import RunDir, atomic_write_text, exclusive_lock, make_dir, refuse_foreign_entries
 from dpsynth.llm.registry import check_generator
 from dpsynth.methods.registry import method_class, method_names
 from dpsynth.runs.config import first_error, parse_config, read_yaml_mapping
@@ -270,13 +270,11 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
 
 
 def _refuse_a_folder_of_other_files(out: Path) -> None:
-    """A bench writes its cells and tables into `out`: a folder that holds files but no `cells/` (which every bench
-    makes before its first table) is the user's (a typo'd -o), whose results.csv or report would be overwritten.
-    Hidden files (.DS_Store, .gitkeep, a temporary file a crash left) do not count."""
+    """A bench writes its cells and tables into `out`; a folder holding files but no `cells/` (which every bench
+    makes before its first table) is the user's (a typo'd -o), whose results.csv or report would be overwritten."""
     if out.is_file():
         raise DpsynthError(f"{out} is a file: give a folder for the bench's cells and tables")
-    if out.is_dir() and not (out / "cells").is_dir() and any(not p.name.startswith(".") for p in out.iterdir()):
-        raise DpsynthError(f"{out} holds files no bench wrote: give a new or empty folder (or a bench's own) to -o")
+    refuse_foreign_entries(out, (out / "cells",), "bench")
 
 
 def _claim_path(out: Path, cell: dict) -> Path:

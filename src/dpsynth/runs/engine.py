@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sqlite3
 import time
 import uuid
@@ -27,7 +26,15 @@ from dpsynth.data.records import LabelledTexts
 from dpsynth.device import resolve_device
 from dpsynth.embed.sentence import CachedEmbedder, Embedder, LazyEmbedder, check_embedder_available
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import RunDir, atomic_write_text, cache_dir, create_owner_only, ensure_writable_dir, lock_run_dir
+from dpsynth.fs import (
+    RunDir,
+    atomic_write_text,
+    cache_dir,
+    create_owner_only,
+    ensure_writable_dir,
+    lock_run_dir,
+    refuse_foreign_entries,
+)
 from dpsynth.llm.base import Usage
 from dpsynth.llm.cache import CachedGenerator
 from dpsynth.methods.base import MethodState, StepContext, add_time
@@ -121,11 +128,9 @@ class Run:
         ensure_writable_dir(cache_dir())
         check_embedder_available(config.embedder)
         check_before_start(plan_privacy(config), kw.get("private"))
-        foreign = _not_a_run_directory(d.root)
-        if foreign:
-            raise DpsynthError(f"{d.root} holds files that are not a dpsynth run's ({', '.join(foreign[:3])}"
-                               f"{', ...' if len(foreign) > 3 else ''}), which the run would overwrite; give a new "
-                               "or empty directory for the run's outputs")
+        # every run takes its `.lock` first and writes its plan before anything else in `checkpoints/` (a name
+        # other projects use too): a run started in a project folder used to overwrite its README.md and config.yaml
+        refuse_foreign_entries(d.root, (d.lock, d.plan, d.state), "run")
         run = cls(config, d.root, **kw)  # takes the directory's lock before looking at what it holds
         try:
             if holds_a_run(d.root):
@@ -497,16 +502,6 @@ def _changed_fields(before: dict, now: dict) -> str:
     later = {"final_stages", "unit", "events", "shares", "groups", "split"}
     diff = [names[k] for k in names if (k in before or k not in later) and before.get(k) != now.get(k)]
     return ", ".join(diff)
-
-
-def _not_a_run_directory(root: Path) -> list[str]:
-    """The entries of an existing, non-empty directory that no dpsynth run made (every run takes its `.lock` there
-    first, and writes its plan before anything else in `checkpoints/`, a name other projects use too): a run
-    started in a project folder used to overwrite the user's own README.md and config.yaml."""
-    entries = sorted(os.listdir(root)) if root.is_dir() else []
-    d = RunDir(root)
-    made_by_a_run = d.lock.exists() or d.plan.exists() or d.state.exists()
-    return [] if not entries or made_by_a_run else entries
 
 
 def holds_a_run(run_dir: Path) -> bool:
