@@ -7,6 +7,10 @@ relabels them; a logistic-regression probe (the bench's) trained on each set is 
 Prints the mean macro-F1 change against the asked-for labels, per dataset and M.
 
     .venv/bin/python scripts/relabel_validation.py [--bench bench] [--cells PATTERN] [--rules ambient projected]
+        [--rule-encoder gemma3-270m]
+
+`--rule-encoder` puts the rules (centroids, descriptions, samples) in another space than the probe's MiniLM: a local
+causal LM's mean-pooled last hidden states (llama.cpp's embedding mode), to ask whether the encoder limits a rule.
 """
 
 from __future__ import annotations
@@ -32,6 +36,23 @@ from dpsynth.methods.relabel import (
     synthetic_basis,
 )
 from dpsynth.voting.scores import embedding_sums, unit_rows
+
+
+class LlamaMeanEmbedder:
+    """A local GGUF model's mean-pooled last hidden states (llama.cpp embedding mode), one text at a time."""
+
+    def __init__(self, model: str) -> None:
+        import llama_cpp
+
+        from dpsynth.llm.local_models import resolve_local_model
+
+        self.name = f"llama-mean:{model}"
+        self._llm = llama_cpp.Llama(model_path=str(resolve_local_model(model)[0]), embedding=True, n_threads=1,
+                                    pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_ctx=512, verbose=False)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return np.array(self._llm.embed(list(texts)), dtype=np.float32).reshape(len(texts), -1)
+
 
 SIGMA = 1.081  # eps=4, delta 1e-5, one release of sensitivity 1 (the bench's)
 DATASETS = {"rt": "rotten_tomatoes", "trec": "trec", "sms": "sms_spam"}
@@ -158,8 +179,12 @@ def main() -> None:
     parser.add_argument("--cells", default="relabel-{ds}/cells/zero-shot-all-epsNone-seed{seed}",
                         help="the synthetic sets under --bench ({ds}: rt, trec or sms; {seed}: 0-4)")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--rule-encoder", default=None,
+                        help="a local model (e.g. gemma3-270m) whose mean-pooled states the rules use; default MiniLM")
     args = parser.parse_args()
-    embedder = CachedEmbedder(SentenceTransformerEmbedder(), Path(tempfile.gettempdir()) / "relabel-validation.sqlite")
+    cache = Path(tempfile.gettempdir()) / "relabel-validation.sqlite"
+    embedder = CachedEmbedder(SentenceTransformerEmbedder(), cache)
+    rule_space = CachedEmbedder(LlamaMeanEmbedder(args.rule_encoder), cache) if args.rule_encoder else embedder
     print("| dataset | M | " + " | ".join(args.rules) + " |  (macro-F1 change of the probe: mean (standard error), "
           "share of samples moved)")
     for short in args.datasets:
@@ -169,7 +194,7 @@ def main() -> None:
         val, pool = train.subset(order[:1000]), train.subset(order[1000:])
         names = sorted(set(train.labels))
         task = get_corpus(DATASETS[short]).task
-        descriptions = embedder.encode([f"{task.text_kind} ({c}: {task.labels[c]})" for c in names])
+        descriptions = rule_space.encode([f"{task.text_kind} ({c}: {task.labels[c]})" for c in names])
         RULES["public"] = lambda *a, d=descriptions: public(*a, descriptions=d)
         RULES["blend"] = lambda *a, d=descriptions: blend(*a, descriptions=d)
         RULES["blend-z1"] = lambda *a, d=descriptions: blend(*a, descriptions=d, min_z=1.0)
@@ -179,18 +204,21 @@ def main() -> None:
         for seed in range(5):
             path = args.bench / args.cells.format(ds=short, seed=seed) / "synthetic.jsonl"
             rows = [json.loads(line) for line in path.read_text().splitlines()]
-            sets.append((embedder.encode([r["text"] for r in rows]), np.array([names.index(r["label"]) for r in rows])))
+            texts = [r["text"] for r in rows]
+            sets.append((embedder.encode(texts), rule_space.encode(texts),
+                         np.array([names.index(r["label"]) for r in rows])))
         for m in (100, 1000):
             gains: dict[str, list[float]] = {r: [] for r in args.rules}
             moved: dict[str, list[float]] = {r: [] for r in args.rules}
             for s, r in ((s, r) for s in range(len(sets)) for r in range(args.repeats)):
-                synth, own = sets[s]
+                synth, synth_rule, own = sets[s]
                 private = sample_private(pool, m, seed=10 + s + 5 * r)
-                p_emb = unit_rows(embedder.encode(list(private.texts)))
+                p_emb = unit_rows(rule_space.encode(list(private.texts)))
                 p_labels = np.array([names.index(y) for y in private.labels])
                 base = probe_scores(synth, [names[i] for i in own], val_emb, list(val.labels))["macro_f1"]
                 for rule in args.rules:
-                    new = RULES[rule](synth, own, p_emb, p_labels, len(names), np.random.default_rng(100 + s + 5 * r))
+                    noise_rng = np.random.default_rng(100 + s + 5 * r)
+                    new = RULES[rule](synth_rule, own, p_emb, p_labels, len(names), noise_rng)
                     score = probe_scores(synth, [names[i] for i in new], val_emb, list(val.labels))["macro_f1"]
                     gains[rule].append(100 * (score - base))
                     moved[rule].append(float(np.mean(new != own)))

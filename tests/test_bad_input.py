@@ -128,8 +128,8 @@ def test_a_task_with_one_label_refuses_label_correction_and_evaluation(tmp_path:
 
     cfg = _config(tmp_path, "text,label\n" + "".join(f"buy now {i},spam\n" for i in range(6)))
     cfg["task"] = {**TASK, "labels": {"spam": TASK["labels"]["spam"]}}
-    with pytest.raises(DpsynthError, match="relabel: moves samples between labels, and task.labels has one"):
-        parse_config({**cfg, "method": "zero-shot", "relabel": {}})
+    with pytest.raises(DpsynthError, match=r"^run.yaml: relabel: moves samples between labels, and task.labels has "):
+        parse_config({**cfg, "method": "zero-shot", "relabel": {}}, "run.yaml")  # no "(top level)" in the way
     cfg["data"]["test"] = str(_csv(tmp_path, "text,label\nbuy,spam\n", name="test.csv"))
     with pytest.raises(DpsynthError, match="the task has one: every score would be 1.0"):
         check_before_start(plan_privacy(parse_config(cfg)))

@@ -73,6 +73,15 @@ def test_user_level() -> None:
     assert "13.06385" in out and "person (<= 8 records)" in out
 
 
+def test_person_level_budget_plans_both_final_stages() -> None:
+    """Planned without a config, a person-level run with `relabel:` and `resample:` (refused before: the planning
+    task had one label, which relabel: refuses); each release's sensitivity is k under add/remove."""
+    out = _budget("zero-shot", "--epsilon", "4", "--relabel-share", "0.2", "--resample-share", "0.5",
+                  "--max-records-per-user", "3")
+    assert "resample.histogram x1, relabel.centroids x1" in out and "person (<= 3 records)" in out
+    assert out.count("sensitivity 3.00000") == 2
+
+
 def test_fedgen_budget_shows_each_group_and_what_each_party_adds() -> None:
     out = _budget("fedgen", "--epsilon", "4", "--parties", "10")
     assert "noise_multiplier: 1.7274" in out and "vote_sigma: 1.9567" in out and "label_sigma: 3.7310" in out

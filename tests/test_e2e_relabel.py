@@ -1,7 +1,8 @@
 """DP label correction end to end with the real local models (llama.cpp) at tiny sizes: zero-shot fusion of
 SmolLM2 and Gemma, then `relabel:`. The texts are exactly the zero-shot run's (the stage adds no generator call,
 the second run is served from the request cache), only labels move; the one release is noisy and is what
-`budget` plans; no private substring reaches a prompt or a file of the run."""
+`budget` plans; no private substring reaches a prompt or a file of the run, also with the cluster histogram's
+weights (`resample: {weights: true}`) stacked after it."""
 
 from __future__ import annotations
 
@@ -52,7 +53,22 @@ def test_relabelling_changes_only_labels_and_releases_one_noisy_vector(tmp_path:
     assert len(values) == 2 * 384  # one row of sums per label (their noise is checked against the clean sums in
     # tests/test_relabel.py)
 
+    # both final stages stacked, the cluster histogram's weights after the correction: one more release on the
+    # same ledger, what budget plans, still no generator call
+    stacked = tmp_path / "stacked.yaml"
+    stacked.write_text(yaml.safe_dump(_zero_shot(tmp_path, relabel={"margin": 0.0, "subspace": 4},
+                                                 resample={"clusters": 2, "weights": True})))
+    _finish(_run(["run", str(stacked), "-o", str(tmp_path / "stacked")], cache, tmp_path))
+    assert len(_prompts(cache)) == paid
+    both = json.loads((tmp_path / "stacked" / "privacy.json").read_text())
+    assert [e["name"] for e in both["events"]] == ["relabel.centroids", "resample.histogram"]
+    assert f"epsilon spent: {both['epsilon']:.4f}" in _finish(_run(["budget", "--config", str(stacked)], cache,
+                                                                    tmp_path))
+    weighted = _rows(tmp_path / "stacked")
+    assert [r["text"] for r in weighted] == [r["text"] for r in before] and all("weight" in r for r in weighted)
+
     needles = set().union(*(_substrings(t) for t in CANARIES))
-    for path in (p for p in (tmp_path / "relabel").rglob("*") if p.is_file()):
-        text = path.read_bytes().decode("utf-8", errors="ignore")
-        assert not any(n in text for n in needles), f"{path.name} contains private text"
+    for run_dir in ("relabel", "stacked"):
+        for path in (p for p in (tmp_path / run_dir).rglob("*") if p.is_file()):
+            text = path.read_bytes().decode("utf-8", errors="ignore")
+            assert not any(n in text for n in needles), f"{run_dir}/{path.name} contains private text"

@@ -243,6 +243,52 @@ def test_a_crash_in_the_stage_resumes_without_a_second_release(tmp_path: Path, s
     assert [e["name"] for e in privacy["events"]].count(RELABEL) == 1
 
 
+def test_relabelling_then_weights_pay_both_releases_once_and_resume_between_the_stages(tmp_path: Path) -> None:
+    """The two final stages stacked (`relabel:` then `resample: {weights: true}`): one ledger with both releases,
+    the run's epsilon what `dpsynth budget` plans, the weights on the corrected labels, and a crash after the
+    label correction resumes without a second release of the sums."""
+    from dpsynth.methods.resample import RESAMPLE
+    from dpsynth.runs.engine import Run
+
+    raw = _relabel_config(tmp_path)
+    raw["privacy"]["noise_seed"] = 3  # the same sums' noise as the run without the weights below
+    raw["resample"] = {"clusters": 2, "weights": True}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
+    run = Run.create(parse_config(raw), tmp_path / "run")
+
+    def crash(live, t):
+        raise KeyboardInterrupt  # the label correction has run and been checkpointed; the histogram not yet
+
+    run._resample = crash  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        run.execute()
+    releases = tmp_path / "run" / "checkpoints" / "releases"
+    saved = json.loads(next(releases.glob("relabel*")).read_text())
+    assert not list(releases.glob("resample*"))
+    Run.resume(tmp_path / "run").execute()
+    assert json.loads(next(releases.glob("relabel*")).read_text())["values"] == saved["values"]
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert [e["name"] for e in privacy["events"]] == [RELABEL, RESAMPLE]
+    assert privacy["epsilon"] == pytest.approx(_budget_epsilon(tmp_path / "run.yaml"), abs=1e-4)
+    assert privacy["epsilon"] == pytest.approx(2.0, rel=1e-3)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()]
+    stages = json.loads((tmp_path / "run" / "metrics.json").read_text())["iterations"][-2:]
+    assert stages[0]["relabel"]["samples"] == stages[1]["resample"]["kept"] == len(rows)
+    sigma = next(k["value"] for k in privacy["plan"]["knobs"] if k["name"] == RELABEL_SIGMA)
+    alone = _relabel_config(tmp_path, sigma=sigma)  # the sums' release of the stacked run, drawn again alone
+    alone["privacy"]["noise_seed"] = 3
+    Run.create(parse_config(alone), tmp_path / "alone").execute()  # created alike: the same label order
+    relabelled = [json.loads(x) for x in (tmp_path / "alone" / "synthetic.jsonl").read_text().splitlines()]
+    assert [(r["text"], r["label"]) for r in rows] == [(r["text"], r["label"]) for r in relabelled], \
+        "every sample kept, in its order, with its corrected label"
+    assert stages[0]["relabel"]["moved"] > 0 and all(r["weight"] >= 0 for r in rows)
+    for label in {r["label"] for r in rows}:  # each label keeps its share of the set: weights sum to its count
+        mine = [r["weight"] for r in rows if r["label"] == label]
+        assert sum(mine) == pytest.approx(len(mine)), "the weights follow the corrected labels"
+    assert "`weight`" in (tmp_path / "run" / "README.md").read_text(), "the card names the weight column"
+    assert "`weight`" not in (tmp_path / "alone" / "README.md").read_text()
+
+
 def test_bench_treats_private_relabelling_as_private_and_the_public_control_as_not() -> None:
     bench = BenchConfig(base={"data": {"corpus": "rotten_tomatoes", "m": 100}, "generators": [{"model": "a"}]},
                         variants=[{"name": "zero-shot", "method": "zero-shot"},

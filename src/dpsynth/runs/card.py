@@ -23,8 +23,12 @@ from dpsynth.privacy.report import percent_at_most
 PARQUET = "synthetic.parquet"
 
 
-def dataset_card(config: RunConfig, task: TaskSpec, privacy: dict[str, Any], labels: list[str]) -> str:
-    """README.md of a run: YAML header (loader config, tags, privacy facts) and the plain-words statement."""
+def dataset_card(config: RunConfig, task: TaskSpec, privacy: dict[str, Any], labels: list[str],
+                 weighted: bool = False) -> str:
+    """README.md of a run: YAML header (loader config, tags, privacy facts) and the plain-words statement.
+
+    `weighted`: the rows carry `resample.weights`' training weights, which are the release's only effect on the
+    set, so the card names the column and says to train with it."""
     facts = privacy_facts(config, privacy)
     header = {
         "pretty_name": f"Synthetic {task.text_kind} data (dpsynth, {config.method})",
@@ -48,7 +52,11 @@ def dataset_card(config: RunConfig, task: TaskSpec, privacy: dict[str, Any], lab
         "## Contents",
         "",
         f"{len(labels)} synthetic texts in `{PARQUET}` (and `synthetic.jsonl`), with the columns `text`, `label`, "
-        "`plm` (the model that wrote it) and `iteration`. Labels:",
+        "`plm` (the model that wrote it) and `iteration`"
+        + (", and `weight`: each sample's training weight from the DP cluster histogram (its bin's share of the "
+           "noisy histogram over its share of the set; `resample: {weights: true}`); train with it as the sample "
+           "weight: it is the only way that release reaches the set" if weighted else "")
+        + ". Labels:",
         "",
         *[f"- `{name}` ({task.labels[name]}): {counts.get(name, 0)} texts" for name in task.label_names],
         "",

@@ -100,7 +100,7 @@ def parse_config(raw: dict, where: str = "config", *, other_methods: OtherMethod
         try:
             extra[key] = cls.Options.model_validate(extra[key] or {})
         except ValidationError as err:
-            raise DpsynthError(f"{where}: {key}{_nested(first_error(err, cls.Options, key))}") from err
+            raise DpsynthError(f"{where}: {key}{_nested(err, cls.Options, key)}") from err
     known = backend_names()
     for i, g in enumerate(config.generators):
         if g.kind not in known:
@@ -117,16 +117,18 @@ def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def _nested(error: str) -> str:
+def _nested(err: ValidationError, model: type[BaseModel], section: str) -> str:
     """A section's first error placed under the section's name: `.field: why`, or `: why` for the section itself."""
-    return error.removeprefix("(top level)") if error.startswith("(top level):") else f".{error}"
+    located = bool(err.errors()[0]["loc"])
+    return f"{'.' if located else ': '}{first_error(err, model, section)}"
 
 
 def first_error(err: ValidationError, model: type[BaseModel] | None = None, section: str | None = None) -> str:
-    """A validation error as one line: where (dotted path) and what. With the run config's `model` (and the
-    `section` it was validated for), an unknown key names the nearest known one and `dpsynth options`."""
+    """A validation error as one line: where (dotted path) and what, or only what for the whole config or section
+    (a check across its fields). With the run config's `model` (and the `section` it was validated for), an
+    unknown key names the nearest known one and `dpsynth options`."""
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    loc = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "model_type":  # "... or instance of RelabelConfig": the class is no user's word
         msg = "should be a mapping of its options (key: value lines under it)"
@@ -134,4 +136,4 @@ def first_error(err: ValidationError, model: type[BaseModel] | None = None, sect
         msg = f"should be a file or folder path (got {first['input']!r})"
     if first["type"] == "extra_forbidden" and model is not None:
         msg = unknown_option(model, tuple(first["loc"]), section) or msg
-    return f"{loc}: {msg}"
+    return f"{loc}: {msg}" if loc else msg

@@ -49,7 +49,9 @@ def parquet_bytes(rows: list[dict[str, Any]]) -> bytes:
 
 def write_card(run_dir: RunDir, config: RunConfig, task: TaskSpec, report: dict,
                samples: list[SyntheticSample]) -> None:
-    atomic_write_text(run_dir.root / "README.md", dataset_card(config, task, report, [x.label for x in samples]))
+    weighted = any(x.weight is not None for x in samples)
+    card = dataset_card(config, task, report, [x.label for x in samples], weighted=weighted)
+    atomic_write_text(run_dir.root / "README.md", card)
 
 
 def write_privacy(run_dir: RunDir, ledger: PrivacyLedger, noise_mode: str, plan: dict | None,

@@ -249,7 +249,9 @@ def plan_for_method(method: str, *, epsilon: float = math.inf, delta: float = 1e
         "method": method,
         "data": ({"corpus": "(planning: no data is read)", "m": 1} if max_records_per_user == 1 else
                  {"private": "(planning: no data is read)", "person_column": "person"}),
-        **({} if max_records_per_user == 1 else {"task": {"text_kind": "(planning)", "labels": {"a": "(planning)"}}}),
+        # two placeholder labels: relabel: refuses a one-label task, and no release's sensitivity depends on the count
+        **({} if max_records_per_user == 1 else
+           {"task": {"text_kind": "(planning)", "labels": {"a": "(planning)", "b": "(planning)"}}}),
         "generators": [{"model": "(planning)"}],
         method: dict(options or {}),
         "privacy": {"epsilon": epsilon, "delta": delta, "adjacency": adjacency,
