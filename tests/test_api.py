@@ -132,6 +132,25 @@ def test_export_writes_parquet_csv_and_a_datasets_directory(tmp_path: Path, fram
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: ")
 
 
+def test_a_weighted_run_loads_and_exports_with_its_weights(tmp_path: Path, frame: pd.DataFrame,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`resample: {weights: true}` writes a `weight` per sample: `synthesize` (through `load_run`) raised at its
+    last line, after the paid work, and `dpsynth export` failed (review helper-57); now the weights travel."""
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    config = {**_config(), "method": "zero-shot", "zero-shot": {"n": 12}, "resample": {"clusters": 2, "weights": True}}
+    del config["augpe"]
+    result = dpsynth.synthesize(config, private=frame, out=tmp_path / "run")
+    weights = [s.weight for s in result.samples]
+    assert len(weights) == 12 and all(w is not None and w >= 0 for w in weights)
+    assert result.to_pandas()["weight"].tolist() == weights
+    assert pd.read_parquet(tmp_path / "run" / "synthetic.parquet").equals(result.to_pandas())
+    done = subprocess.run([sys.executable, "-m", "dpsynth", "export", str(tmp_path / "run"), "--format", "csv"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert pd.read_csv(tmp_path / "run-synthetic.csv")["weight"].tolist() == pytest.approx(weights)
+    assert "the DP cluster histogram" in (tmp_path / "run" / "README.md").read_text()
+
+
 def test_the_public_names() -> None:
     assert {"synthesize", "load_run", "SynthesisResult", "DpsynthError"} <= set(dpsynth.__all__)
     assert dpsynth.DpsynthError is DpsynthError

@@ -115,6 +115,23 @@ def test_fusegen_plans_no_privacy_cost() -> None:
     assert plan.method.planned_requests(2) == 20 and plan.method.round_sizes() == [4, 4, 4, 4, 4]
 
 
+def test_the_card_says_where_the_weight_column_comes_from() -> None:
+    """FuseGen's weights were described as the DP cluster histogram's (review helper-57)."""
+    from dpsynth.data.public import task_for
+    from dpsynth.runs.card import dataset_card
+
+    def contents(raw: dict) -> str:
+        cfg = parse_config(raw)
+        card = dataset_card(cfg, task_for(cfg), {"events": [], "epsilon": None, "delta": 1e-5}, ["a"], weighted=True)
+        return " ".join(card.split("## Contents")[1].split())
+
+    alone = contents(_base())
+    assert "FuseGen's self-boosting weights (from the synthetic set alone); train with it" in alone
+    assert "histogram" not in alone
+    both = contents({**_base(), "data": {"corpus": "sms_spam", "m": 100}, "resample": {"weights": True}})
+    assert "FuseGen's self-boosting weights (from the synthetic set alone), then scaled by the DP cluster" in both
+
+
 @pytest.mark.slow
 def test_a_tiny_fusegen_run_with_the_real_local_models(tmp_path: Path) -> None:
     config = {

@@ -27,10 +27,14 @@ from dpsynth.runs.config import parse_config, read_config
 
 @dataclass(frozen=True)
 class Sample:
+    """One synthetic sample. `weight`: its training weight in a weighted run (FuseGen's self-boosting weights, or
+    `resample: {weights: true}`'s), None otherwise; train with it as the sample weight."""
+
     text: str
     label: str
     plm: str
     iteration: int
+    weight: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,10 @@ class SynthesisResult:
     def to_pandas(self) -> Any:
         import pandas as pd
 
-        return pd.DataFrame([s.__dict__ for s in self.samples], columns=["text", "label", "plm", "iteration"])
+        columns = ["text", "label", "plm", "iteration"]
+        if any(s.weight is not None for s in self.samples):  # a weighted run: the weights are part of the set
+            columns.append("weight")
+        return pd.DataFrame([s.__dict__ for s in self.samples], columns=columns)
 
 
 def synthesize(config: RunConfig | dict | str | Path, *, private: Any = None, out: str | Path | None = None,
@@ -91,8 +98,8 @@ def load_run(run_dir: str | Path) -> SynthesisResult:
     """The result of a finished run directory."""
     d = RunDir(Path(run_dir))
     if not d.is_finished():
-        raise DpsynthError(f"{d.root}: not a finished dpsynth run (no synthetic.jsonl and privacy.json); finish it "
-                           f"with `dpsynth run --resume {d.root}`")
+        raise DpsynthError(f"{d.root}: not a finished dpsynth run (no metrics.json, which a run writes last); "
+                           f"finish it with `dpsynth run --resume {d.root}`")
     try:
         rows = [json.loads(line) for line in d.synthetic.read_text().splitlines() if line.strip()]
         return SynthesisResult(run_dir=d.root, samples=[Sample(**row) for row in rows],

@@ -77,7 +77,7 @@ class BenchConfig(BaseModel):
         "(fast; always computed) and the fine-tuned MiniLM encoder (the papers' small task model; ~1-2 min a cell)")
     baseline: str | None = Field("zero-shot", description="variant every other one is compared with, paired "
                                     "by seed and test example (95% intervals: t over seeds plus the test set's "
-                                    "sampling error)")
+                                    "sampling error); null: only the variants' own compare_with pairs")
 
 
 def load_bench(path: Path) -> BenchConfig:

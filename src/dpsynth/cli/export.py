@@ -24,7 +24,8 @@ def export(
     out: Path | None = typer.Option(None, "--out", "-o", help="Output path (default: beside the run, "
                                     "RUN-synthetic.parquet / .csv / -hf)."),
 ) -> None:
-    """Write a finished run's synthetic set (text, label, plm, iteration) where other tools read it."""
+    """Write a finished run's synthetic set (text, label, plm, iteration; weight in a weighted run) where other
+    tools read it."""
     from dpsynth.api import load_run
     from dpsynth.fs import atomic_write_bytes, atomic_write_text
     from dpsynth.runs.outputs import parquet_bytes

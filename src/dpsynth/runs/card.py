@@ -52,11 +52,7 @@ def dataset_card(config: RunConfig, task: TaskSpec, privacy: dict[str, Any], lab
         "## Contents",
         "",
         f"{len(labels)} synthetic texts in `{PARQUET}` (and `synthetic.jsonl`), with the columns `text`, `label`, "
-        "`plm` (the model that wrote it) and `iteration`"
-        + (", and `weight`: each sample's training weight from the DP cluster histogram (its bin's share of the "
-           "noisy histogram over its share of the set; `resample: {weights: true}`); train with it as the sample "
-           "weight: it is the only way that release reaches the set" if weighted else "")
-        + ". Labels:",
+        "`plm` (the model that wrote it) and `iteration`" + (_weight_column(config) if weighted else "") + ". Labels:",
         "",
         *[f"- `{name}` ({task.labels[name]}): {counts.get(name, 0)} texts" for name in task.label_names],
         "",
@@ -67,6 +63,17 @@ def dataset_card(config: RunConfig, task: TaskSpec, privacy: dict[str, Any], lab
         "",
     ]
     return "\n".join(lines)
+
+
+def _weight_column(config: RunConfig) -> str:
+    """What the `weight` column is, by where the weights came from: train with it as the sample weight."""
+    histogram = config.resample is not None and config.resample.weights
+    sources = (["FuseGen's self-boosting weights (from the synthetic set alone)"] if config.method == "fusegen"
+               else []) + (["the DP cluster histogram (each bin's share of the noisy histogram over its share of "
+                            "the set, within each label; `resample: {weights: true}`): the only way that release "
+                            "reaches the set"] if histogram else [])
+    origin = (", from " + ", then scaled by ".join(sources)) if sources else ""
+    return f", and `weight`: each sample's training weight{origin}; train with it as the sample weight"
 
 
 def privacy_facts(config: RunConfig, privacy: dict[str, Any]) -> dict[str, Any]:

@@ -96,8 +96,10 @@ def _fields(model: type[BaseModel]) -> tuple[list[Option], list[tuple[str, type[
         if sub is not None:
             nested.append((key, sub))
             continue
-        options.append(Option(key, _kind(field.annotation, field.metadata), _default(field),
-                              _description(model, key)))
+        kind = _kind(field.annotation, field.metadata)
+        if _nullable(field.annotation) and not field.is_required() and field.get_default() is not None:
+            kind += " | null"  # null turns on a default off (e.g. a bench's baseline: none)
+        options.append(Option(key, kind, _default(field), _description(model, key)))
     return options, nested
 
 
@@ -181,12 +183,19 @@ def _kind(annotation: Any, metadata: list[Any]) -> str:
     return f"{base} {bounds}" if bounds else base
 
 
+def _nullable(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
+
+
 def _bound(constraint: Any) -> str:
     """A constraint as text: annotated_types' Gt(0) from PositiveInt, or a Field's own bounds (ge=..., lt=...)."""
     found = [f"{symbol} {getattr(constraint, attr)}" for attr, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"),
              ("le", "<=")) if getattr(constraint, attr, None) is not None]
-    if (getattr(constraint, "min_length", None) or 0) > 1:
-        found.append(f"(at least {constraint.min_length})")
+    shortest = getattr(constraint, "min_length", None) or 0
+    if shortest == 1:  # an empty list, mapping or text is refused
+        found.append("(not empty)")
+    elif shortest > 1:
+        found.append(f"(at least {shortest})")
     return ", ".join(found)
 
 
