@@ -122,8 +122,9 @@ def _shards(rng: np.random.Generator, sizes: list[int]) -> list[PartyShard]:
 
 def test_real_flower_secagg_federation_sums_noisy_votes_hides_single_parties_and_refuses_dropouts() -> None:
     rng = np.random.default_rng(0)
-    # party 3 holds more than the public bound, so it fails every round: a real dropout
-    shards = _shards(rng, [6, 9, 4, 20])
+    # party 3 passes the preflight but fails every vote round (embeddings of the wrong width): a real dropout
+    shards = _shards(rng, [6, 9, 4, 5])
+    shards[3] = PartyShard(3, shards[3].embeddings[:, :8], shards[3].label_ids)
     candidates, cand_labels = rng.normal(size=(30, 16)).astype(np.float32), rng.integers(0, 2, 30)
     spec = VoteSpec(kind="wasp", q=4)
     settings = FederationSettings(parties=4, min_parties=3, secure=True, max_records=10, timeout=60, noise_seed=11)
@@ -147,6 +148,28 @@ def test_real_flower_secagg_federation_sums_noisy_votes_hides_single_parties_and
     # the masked uploads reached the server, and none is any single party's (quantised) noisy vector
     assert sum(r.size == 60 for r in replies) >= 3
     assert not any(_reveals(replies, vec, 25.0, quantization_range(4)) for vec in expected)
+
+
+def test_a_party_past_the_public_bound_stops_the_run_before_any_release() -> None:
+    """One record past `max_records_per_party` at one party: the preflight (each party's own check, in plain, before
+    the first vote round) stops the run. Before it, that party dropped out of the vote round and the other
+    parties' sum was released without its votes: one record more removed a whole party's votes."""
+    rng = np.random.default_rng(5)
+    shards = _shards(rng, [6, 9, 4, 11])
+    candidates, cand_labels = rng.normal(size=(30, 16)).astype(np.float32), rng.integers(0, 2, 30)
+    settings = FederationSettings(parties=4, min_parties=3, secure=True, max_records=10, timeout=60, noise_seed=11)
+    replies: list[np.ndarray] = []
+
+    def program(aggregator):
+        _capture_replies(aggregator, replies)
+        with pytest.raises(FederationError, match=r"1 party failed its checks before any release.*party 3 "
+                                                  r"holds more records than federated.max_records_per_party=10"):
+            aggregator.aggregate(VoteRound("wasp.votes.1", VoteSpec(kind="wasp", q=4), candidates, cand_labels, 0.7,
+                                           clip=25.0))
+        return True
+
+    assert run_federation(shards, settings, program)
+    assert not any(r.size == 60 for r in replies), "no party was asked for its votes"
 
 
 def test_secagg_rounds_of_a_party_group_and_label_counts_hide_single_parties() -> None:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dpsynth.errors import DpsynthError
-from dpsynth.federated.party import PartyShard, noisy_votes
+from dpsynth.federated.party import PartyShard, check_party_size, noisy_votes
 from dpsynth.federated.party_ledger import PartyLedger
 from dpsynth.voting.spec import VoteSpec
 
@@ -161,7 +161,12 @@ def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSe
 
         def _instructions(self, server_round, parameters, client_manager):
             if nodes is None:
-                return super().configure_fit(server_round, parameters, client_manager)
+                instructions = super().configure_fit(server_round, parameters, client_manager)
+                if len(instructions) > settings.parties:  # Flower asks every connected node
+                    raise FederationError(
+                        f"{len(instructions)} parties' nodes are connected for a run of {settings.parties} parties: a "
+                        "party answering from two nodes would vote its records twice; stop the extra SuperNodes")
+                return instructions
             client_manager.wait_for(len(nodes), timeout=settings.timeout)
             by_node = {proxy.node_id: proxy for proxy in client_manager.all().values()}
             missing = [n for n in nodes if n not in by_node]
@@ -244,11 +249,22 @@ class FlowerAggregator:
         self.meter.wrap(grid)
         self._roster: dict[int, int] | None = None  # party id -> Flower node id
 
+    def preflight(self) -> None:
+        """Before the first round that releases anything: every connected party checks its own records against
+        the run's public preconditions (at most `max_records_per_party`; its file loads with the task's labels)
+        and answers with its party id, in plain. A party that fails stops the run here, with nothing released.
+        Why: a party that failed in a vote round instead would drop out, and the others' sum be released
+        without its votes, so one record more (past the bound, or with a label not in the task) would remove a
+        whole party's votes: far more than the record's sensitivity."""
+        if self._roster is None:
+            self._roster = self._ask_roster()
+
     def aggregate(self, vote_round: VoteRound, on_exposed: Callable[[], None] | None = None) -> RoundResult:
         """The (securely) summed noisy answers of the parties asked; refuses too few answers. `on_exposed()`: called
         once the answers (or their sum) may reach the server: before a plain round is sent, when SecAgg+ starts
         unmasking."""
         s = self.settings
+        self.preflight()
         nodes = None if vote_round.parties is None else self.nodes_of(vote_round.parties)
         asked = s.parties if nodes is None else len(nodes)
         fewest = vote_round.min_parties or s.min_parties
@@ -275,6 +291,7 @@ class FlowerAggregator:
         config = {"round": "train", "release": train_round.release, "round_index": train_round.round_index,
                   "request": train_round.request, "noise_multiplier": float(train_round.noise_multiplier),
                   "max_records": int(self.settings.max_records), **self.settings.party_data}
+        self.preflight()
         result, strategy = self._round([np.asarray(train_round.adapter, dtype=np.float32)], config,
                                        self.nodes_of(train_round.parties), None, plain=True, on_exposed=on_exposed)
         if strategy.total is None:
@@ -299,8 +316,15 @@ class FlowerAggregator:
         return nodes
 
     def _ask_roster(self) -> dict[int, int]:
-        config = {"round": "roster", **self.settings.party_data}
+        """Party id -> node id of the connected parties, each having passed its checks (`preflight`)."""
+        config = {"round": "roster", "max_records": int(self.settings.max_records), **self.settings.party_data}
         _, strategy = self._round([np.zeros(1, dtype=np.float32)], config, None, None, plain=True)
+        if strategy.failures:
+            raise FederationError(
+                f"{len(strategy.failures)} part{'y' if len(strategy.failures) == 1 else 'ies'} failed "
+                f"{'its' if len(strategy.failures) == 1 else 'their'} checks "
+                "before any release (each party's SuperNode log says why); nothing was released: "
+                + "; ".join(party_reason(f) for f in strategy.failures))
         roster: dict[int, int] = {}
         for node, arrays in strategy.replies.items():
             party = int(arrays[0][0])
@@ -324,6 +348,16 @@ class FlowerAggregator:
         total = np.asarray(strategy.total, dtype=np.float64) if strategy.total is not None else np.zeros(0)
         return RoundResult(total=total, contributors=strategy.contributors, bytes_down=down, bytes_up=up,
                            seconds=time.perf_counter() - t0), strategy
+
+
+def party_reason(failure: Any) -> str:
+    """A party's failure as one short line: the dpsynth message it raised (Flower wraps it in a traceback), or
+    the start of whatever else came back. A party's messages name no private value (flower_app's loader)."""
+    text = str(failure)
+    marker = "DpsynthError: "
+    if marker in text:
+        return text[text.rindex(marker) + len(marker):].splitlines()[0].split("\\n")[0].strip(" '\"")[:300]
+    return text[:200]
 
 
 ShardSource = Callable[[Any, Any], PartyShard]  # (Flower context, round config) -> the party's shard
@@ -355,7 +389,8 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
         def fit(self, parameters, config):
             kind = str(config.get("round", "votes"))
             shard = shard_for(self.context, config)
-            if kind == "roster":
+            if kind == "roster":  # the preflight: the party's own checks, then its id
+                check_party_size(shard, int(config["max_records"]))
                 return [np.array([shard.party_id], dtype=np.float64)], 1, {}
             if kind == "train":
                 from dpsynth.federated.party_training import training_answer
@@ -369,6 +404,7 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
             spec = VoteSpec.model_validate_json(str(config["spec"]))
             party_sigma = float(config["party_sigma"])
             ledger = ledger_for(self.context)
+            check_party_size(shard, int(config["max_records"]))  # before charging: a refused answer costs nothing
             if ledger is not None:
                 ledger.charge_votes(spec, release=str(config["release"]), party_sigma=party_sigma,
                                     min_parties=int(config["min_parties"]))

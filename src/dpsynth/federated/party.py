@@ -30,6 +30,14 @@ class PartyShard:
         return len(self.label_ids)
 
 
+def check_party_size(shard: PartyShard, max_records: int) -> None:
+    """The clipping range (and a party-level unit's sensitivity) assume this public bound on a party's records."""
+    if len(shard) > max_records:
+        raise DpsynthError(
+            f"party {shard.party_id} holds more records than federated.max_records_per_party={max_records}"
+        )
+
+
 def noisy_votes(
     shard: PartyShard,
     spec: VoteSpec,
@@ -42,11 +50,7 @@ def noisy_votes(
     noise_seed: int | None,
 ) -> np.ndarray:
     """The party's votes + N(0, party_sigma^2 I), one independent stream per (release, party)."""
-    if len(shard) > max_records:
-        # The clipping range (and user-level sensitivity) assume this public bound.
-        raise DpsynthError(
-            f"party {shard.party_id} holds more records than federated.max_records_per_party={max_records}"
-        )
+    check_party_size(shard, max_records)
     if spec.sampling_rate < 1:
         # Only the central data holder draws Poisson subsamples; a party votes with every record, so a
         # release accounted as subsampled must never be answered here.

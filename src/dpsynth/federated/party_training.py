@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth.errors import DpsynthError
-from dpsynth.federated.party import PartyShard
+from dpsynth.federated.party import PartyShard, check_party_size
 from dpsynth.federated.party_ledger import PartyLedger
 from dpsynth.finetune.request import AdapterTraining
 from dpsynth.privacy.mechanisms import NoiseSource
@@ -31,6 +31,7 @@ def training_answer(shard: PartyShard, adapter: np.ndarray, config: Any, *, ledg
 
     Without a party ledger (a simulation, where the run's ledger is the only one and already holds the
     release, noiseless at epsilon = inf) the round runs as the run asked; a deployed party always has one."""
+    check_party_size(shard, int(config["max_records"]))  # before charging: a refused answer costs nothing
     if ledger is not None:
         request = AdapterTraining.model_validate_json(str(config["request"]))
         ledger.charge_training(release=str(config["release"]), round_index=int(config["round_index"]),
@@ -50,9 +51,7 @@ def local_update(shard: PartyShard, adapter: np.ndarray, config: Any, *, noise_s
     from dpsynth.finetune.model import load_adapter_vector
 
     request = AdapterTraining.model_validate_json(str(config["request"]))
-    if len(shard) > int(config["max_records"]):
-        raise DpsynthError(f"party {shard.party_id} holds more records than federated.max_records_per_party="
-                           f"{int(config['max_records'])}")
+    check_party_size(shard, int(config["max_records"]))
     if len(shard.texts) != len(shard):
         raise DpsynthError(f"party {shard.party_id} has no texts to train on (its shard holds embeddings only)")
     labels = json.loads(str(config["labels"]))
