@@ -409,6 +409,27 @@ def test_option_ranges_are_checked_before_anything_runs(tmp_path: Path, capsys: 
     assert method_class("augpe")(cfg).min_private_records()[0] == 51
 
 
+@pytest.mark.parametrize("bad", ["label", "size"])
+def test_a_simulated_federations_party_files_are_checked_before_the_run_directory(tmp_path: Path, bad: str) -> None:
+    """A party file with a label the task does not describe, or a party past max_records_per_party, failed only
+    inside the simulation, after config.yaml was written (review helper-56); now before anything is made."""
+    files = []
+    for i in range(2):
+        rows = "text,label\n" + "".join(f"m{i} {j},{'spam' if j % 2 else 'ham'}\n" for j in range(12))
+        if bad == "label" and i == 1:
+            rows += "m1 odd,promo\n"
+        files.append(str(_csv(tmp_path, rows, name=f"party{i}.csv")))
+    cfg = {**_config(tmp_path, "text,label\nx,spam\n"),
+           "federated": {"parties": 2, "partition": "files", "party_files": files, "max_records_per_party": 12}}
+    del cfg["data"]["private"]
+    if bad == "size":
+        cfg["federated"]["max_records_per_party"] = 11
+    proc = _cli("run", str(_write_config(tmp_path, cfg)), "-o", str(tmp_path / "r"), cwd=tmp_path)
+    _one_line_error(proc, "labels 'promo' are not described" if bad == "label" else
+                    "a party holds more than federated.max_records_per_party=11 records")
+    assert not (tmp_path / "r").exists()
+
+
 def test_an_embedder_that_cannot_load_fails_before_the_run_directory(tmp_path: Path) -> None:
     """Issue 33: `embedder: nope/not-a-model` failed after 82 s with a hub traceback and a half-made run
     directory; now one line (offline: the Hub cannot be reached; online: no such model), nothing made."""

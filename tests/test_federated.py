@@ -162,7 +162,7 @@ def test_a_party_past_the_public_bound_stops_the_run_before_any_release() -> Non
 
     def program(aggregator):
         _capture_replies(aggregator, replies)
-        with pytest.raises(FederationError, match=r"1 party failed its checks before any release.*party 3 "
+        with pytest.raises(FederationError, match=r"1 party did not pass the preflight before any release.*party 3 "
                                                   r"holds more records than federated.max_records_per_party=10"):
             aggregator.aggregate(VoteRound("wasp.votes.1", VoteSpec(kind="wasp", q=4), candidates, cand_labels, 0.7,
                                            clip=25.0))
@@ -170,6 +170,21 @@ def test_a_party_past_the_public_bound_stops_the_run_before_any_release() -> Non
 
     assert run_federation(shards, settings, program)
     assert not any(r.size == 60 for r in replies), "no party was asked for its votes"
+
+
+def test_a_partys_failure_reaches_the_server_as_its_dpsynth_message_only() -> None:
+    """As a deployed SuperNode sends it (the exception's own text, no chained cause), as the simulation's Ray
+    traceback ends, and for another library's error only its kind (its message could quote the party's data)."""
+    from dpsynth.federated.flower_secagg import party_reason
+
+    message = "party 3 holds more records than federated.max_records_per_party=10"
+    deployed = f"Error(code=2, reason=\"<class 'dpsynth.errors.DpsynthError'>:<'{message}'>\")"
+    simulated = ("Error(code=2, reason='<class \\'ray.exceptions.RayTaskError(ClientAppException)\\'>:<\\'ray::"
+                 "ClientAppActor.run() ...\\n    raise DpsynthError(\\ndpsynth.errors.DpsynthError: "
+                 f"{message}\\n\\'>')")
+    other = "Error(code=2, reason=\"<class 'ValueError'>:<'could not convert string to float: \\'Jane Doe\\''>\")"
+    assert party_reason(deployed) == message and party_reason(simulated) == message
+    assert party_reason(other) == "ValueError (the party's own log has its message)"
 
 
 def test_secagg_rounds_of_a_party_group_and_label_counts_hide_single_parties() -> None:

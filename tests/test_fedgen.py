@@ -125,20 +125,21 @@ def test_real_federation_strong_parties_train_every_party_profiles_weak_parties_
     from dpsynth.federated import simulation
     from dpsynth.runs.engine import Run
 
-    # 5 parties: 0 and 1 strong; 2, 3, 4 weak. Party 4's shard grows past the public bound once the
-    # simulation has checked it, so the party refuses every round it is asked (a real dropout);
-    # min_parties 4 lets the profile (4 of 5) and the votes (2 of 3) go on.
+    # 5 parties: 0 and 1 strong; 2, 3, 4 weak. Party 4's shard is damaged once the simulation has checked it
+    # (a label id out of range, embeddings of the wrong width): it passes the preflight, which checks its size,
+    # and fails every round it is asked (a real dropout); min_parties 4 lets the profile (4 of 5) and the votes
+    # (2 of 3) go on. (A party past the public bound stops the run instead: tests/test_federated.py.)
     files = _party_files(tmp_path, [8, 8, 8, 8, 8])
     real_shards = simulation.party_shards
 
-    def one_party_over_its_bound(*args, **kwargs):
+    def one_party_damaged(*args, **kwargs):
         shards = real_shards(*args, **kwargs)
         s = shards[4]
-        shards[4] = dataclasses.replace(s, embeddings=np.concatenate([s.embeddings] * 2),
-                                        label_ids=np.concatenate([s.label_ids] * 2), texts=s.texts * 2)
+        shards[4] = dataclasses.replace(s, embeddings=s.embeddings[:, :8],
+                                        label_ids=np.concatenate([[-1], s.label_ids[1:]]))
         return shards
 
-    monkeypatch.setattr(simulation, "party_shards", one_party_over_its_bound)
+    monkeypatch.setattr(simulation, "party_shards", one_party_damaged)
     raw = {"method": "fedgen",
            "task": {"text_kind": "movie review", "labels": {"positive": "a positive review",
                                                             "negative": "a negative review"}},

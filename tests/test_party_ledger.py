@@ -101,8 +101,14 @@ def test_training_round_is_charged_on_the_party_ledger_before_it_runs(tmp_path: 
 
     def answer(noise: float, ledger: PartyLedger | None) -> np.ndarray:
         config = {"request": request.model_dump_json(), "release": "train", "round_index": 0,
-                  "noise_multiplier": noise}
+                  "noise_multiplier": noise, "max_records": max_records}
         return party_training.training_answer(shard, np.ones(2, np.float32), config, ledger=ledger, noise_seed=None)
+
+    max_records = 0  # the one record is past the bound: refused before the ledger is charged
+    with pytest.raises(DpsynthError, match="party 0 holds more records than federated.max_records_per_party=0"):
+        answer(1.5, PartyLedger(tmp_path / "over.json", 4.0, DELTA))
+    assert trained == [] and PartyLedger(tmp_path / "over.json", 4.0, DELTA).spent() == 0.0
+    max_records = 10
 
     deployed = PartyLedger(tmp_path / "p.json", 4.0, DELTA)
     with pytest.raises(DpsynthError, match="without noise"):

@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -162,10 +163,13 @@ def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSe
         def _instructions(self, server_round, parameters, client_manager):
             if nodes is None:
                 instructions = super().configure_fit(server_round, parameters, client_manager)
-                if len(instructions) > settings.parties:  # Flower asks every connected node
+                # Flower asks every node connected when it sizes the round; more may have joined while it waited
+                connected = max(len(instructions), client_manager.num_available())
+                if connected > settings.parties:
                     raise FederationError(
-                        f"{len(instructions)} parties' nodes are connected for a run of {settings.parties} parties: a "
-                        "party answering from two nodes would vote its records twice; stop the extra SuperNodes")
+                        f"{connected} nodes are connected for a run of {settings.parties} parties: a party answering "
+                        "from two nodes would vote its records twice; stop the extra SuperNodes (a restarted one's "
+                        "stale node leaves after Flower's heartbeat expires: then resume the run)")
                 return instructions
             client_manager.wait_for(len(nodes), timeout=settings.timeout)
             by_node = {proxy.node_id: proxy for proxy in client_manager.all().values()}
@@ -303,8 +307,9 @@ class FlowerAggregator:
 
     def nodes_of(self, parties: tuple[int, ...]) -> list[int]:
         """Node ids of the connected parties among these party ids. Each party answers a roster round with its
-        id, nothing else; asked again when a party is missing (it may have reconnected with a new node id).
-        Missing parties are left out: the round's own threshold decides whether enough answer."""
+        id, nothing else, once its own checks pass (one that fails them, or answers with an error, stops the run:
+        `preflight`); asked again when a party is missing (it may have reconnected with a new node id). Parties
+        not connected are left out: the round's own threshold decides whether enough answer."""
         if self._roster is None or set(parties) - set(self._roster):
             self._roster = self._ask_roster()
         missing = sorted(set(parties) - set(self._roster))
@@ -321,9 +326,9 @@ class FlowerAggregator:
         _, strategy = self._round([np.zeros(1, dtype=np.float32)], config, None, None, plain=True)
         if strategy.failures:
             raise FederationError(
-                f"{len(strategy.failures)} part{'y' if len(strategy.failures) == 1 else 'ies'} failed "
-                f"{'its' if len(strategy.failures) == 1 else 'their'} checks "
-                "before any release (each party's SuperNode log says why); nothing was released: "
+                f"{len(strategy.failures)} part{'y' if len(strategy.failures) == 1 else 'ies'} did not pass the "
+                "preflight before any release (its own checks failed or it lost its connection; each party's "
+                "SuperNode log says why); nothing was released: "
                 + "; ".join(party_reason(f) for f in strategy.failures))
         roster: dict[int, int] = {}
         for node, arrays in strategy.replies.items():
@@ -351,13 +356,20 @@ class FlowerAggregator:
 
 
 def party_reason(failure: Any) -> str:
-    """A party's failure as one short line: the dpsynth message it raised (Flower wraps it in a traceback), or
-    the start of whatever else came back. A party's messages name no private value (flower_app's loader)."""
+    """A party's failure as one short line: the dpsynth message it raised, as a deployed SuperNode sends it
+    (`<class '...DpsynthError'>:<'message'>`, the exception's own text, never its chained cause) or as the
+    simulation's Ray traceback ends (`DpsynthError: message`); for anything else, its kind only (another
+    library's message could quote the party's data). A party's own messages name no private value
+    (flower_app's loader)."""
     text = str(failure)
+    deployed = re.search(r"DpsynthError'>:<'(.*?)'>", text, flags=re.DOTALL)
+    if deployed:
+        return deployed.group(1).strip()[:300]
     marker = "DpsynthError: "
     if marker in text:
         return text[text.rindex(marker) + len(marker):].splitlines()[0].split("\\n")[0].strip(" '\"")[:300]
-    return text[:200]
+    kind = re.search(r"<class '([\w.]+)'>", text)
+    return f"{kind.group(1) if kind else 'an error'} (the party's own log has its message)"
 
 
 ShardSource = Callable[[Any, Any], PartyShard]  # (Flower context, round config) -> the party's shard

@@ -99,9 +99,16 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
         if foreign:  # the run writes none of them, so each such test example would only ever count as an error
             raise DpsynthError(f"data.test: labels {foreign} are not among the task's labels "
                                f"({', '.join(task.labels)}); give the test set of this task (or its label_column)")
-    if config.data.own and config.federated is None and plan.reads_private_records:
-        check_private(config, load_private(config, quiet=True, given=given), task,
-                      min_records=plan.method.min_private_records())
+    fed = config.federated
+    files = fed is not None and fed.partition == "files"
+    if (config.data.own or files) and plan.reads_private_records and (fed is None or fed.partition != "nodes"):
+        # a simulated federation's files too (a deployed one's parties check their own, before any release)
+        private = load_private(config, quiet=True, given=given)
+        check_private(config, private, task, min_records=plan.method.min_private_records())
+        if fed is not None:
+            from dpsynth.federated.shards import checked_parts
+
+            checked_parts(config, private, task.label_names)
 
 
 def label_shares(config: RunConfig, task: TaskSpec, holder: DataHolder,

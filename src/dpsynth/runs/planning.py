@@ -187,8 +187,9 @@ class PrivacyPlan:
         if not self.reads_private_records:
             return "none"
         if fed is not None and fed.partition == "nodes":
-            return (f"each party checks without noise that it holds at most {fed.max_records_per_party} records "
-                    "and refuses to take part otherwise; a finished run discloses that every party passed")
+            return (f"each party checks without noise, before the first release, that it holds at most "
+                    f"{fed.max_records_per_party} records and that its labels are among task.labels; one that fails "
+                    "stops the run (flower_secagg: preflight), so a finished run discloses that every party passed")
         fewest, _ = self.method.min_private_records()
         checks = ["every private label is one of task.labels", "every task label has a private record",
                   f"at least {fewest} private record{'s' if fewest != 1 else ''}",
