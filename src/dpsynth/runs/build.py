@@ -100,9 +100,9 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
             raise DpsynthError(f"data.test: labels {foreign} are not among the task's labels "
                                f"({', '.join(task.labels)}); give the test set of this task (or its label_column)")
     fed = config.federated
-    files = fed is not None and fed.partition == "files"
-    if (config.data.own or files) and plan.reads_private_records and (fed is None or fed.partition != "nodes"):
-        # a simulated federation's files too (a deployed one's parties check their own, before any release)
+    users_records = config.data.own or (fed is not None and fed.partition == "files")
+    # a simulated federation's records too (a deployed one's parties check their own, before any release)
+    if users_records and plan.reads_private_records and (fed is None or fed.partition != "nodes"):
         private = load_private(config, quiet=True, given=given)
         check_private(config, private, task, min_records=plan.method.min_private_records())
         if fed is not None:

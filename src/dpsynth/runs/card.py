@@ -27,8 +27,8 @@ def dataset_card(config: RunConfig, task: TaskSpec, privacy: dict[str, Any], lab
                  weighted: bool = False) -> str:
     """README.md of a run: YAML header (loader config, tags, privacy facts) and the plain-words statement.
 
-    `weighted`: the rows carry `resample.weights`' training weights, which are the release's only effect on the
-    set, so the card names the column and says to train with it."""
+    `weighted`: the rows carry training weights (FuseGen's, `resample: {weights: true}`'s or both), so the card
+    names the column, says where it comes from and to train with it."""
     facts = privacy_facts(config, privacy)
     header = {
         "pretty_name": f"Synthetic {task.text_kind} data (dpsynth, {config.method})",
