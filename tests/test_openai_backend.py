@@ -681,7 +681,8 @@ def test_a_call_whose_retries_were_cut_short_reports_the_request_that_gave_up(pr
     with _echo_server(delay=0.05) as url:
         _Echo.fail_first = 10_000  # every request but the refused one gets a 503 (retry after 10 ms)
         try:
-            gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4)
+            # retries that cannot run out before the refusal arrives, however late a busy machine starts its thread
+            gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4, max_retries=10_000)
             with ThreadPoolExecutor(max_workers=2) as pool:
                 busy = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(3)])
                 refused = pool.submit(_one_later, gen, "refused", 0.01)
