@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import _typer_app
 from dpsynth.errors import DpsynthError
+from dpsynth.llm.base import GenerationResult
 from dpsynth.methods.registry import method_class, method_names
 from dpsynth.runs.config import parse_config
 from dpsynth.runs.engine import Run, holds_a_run
@@ -155,6 +157,28 @@ def test_a_stopped_steps_time_counts_in_the_resumed_runs_wall_time(tmp_path: Pat
     assert timings["wall"] >= max(timings["generator_calls"], stop["wall_seconds"])
 
 
+def test_a_stop_file_older_than_the_checkpoint_does_not_roll_its_usage_back(tmp_path: Path) -> None:
+    """A kill between writing a checkpoint and removing usage_at_stop.json leaves the older file beside the newer
+    checkpoint: its usage is counted in that checkpoint already and must not replace it (it did, undercounting what
+    the spend caps see). A checkpoint missing a section is a one-line error."""
+    cfg = parse_config(_config(tmp_path, "augpe"))
+    FakeGenerator.fail_after = 15  # in iteration 1, after iteration 0's checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(cfg, tmp_path / "run").execute()
+    FakeGenerator.fail_after = None
+    stop = tmp_path / "run" / "checkpoints" / "usage_at_stop.json"
+    old = stop.read_text()
+    Run.resume(tmp_path / "run").execute()
+    before = json.loads((tmp_path / "run" / "metrics.json").read_text())["usage"]
+    stop.write_text(old)
+    Run.resume(tmp_path / "run").execute()
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["usage"] == before
+    state = tmp_path / "run" / "checkpoints" / "state.json"
+    state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "ledger"}))
+    with pytest.raises(DpsynthError, match="state.json: damaged checkpoint"):
+        Run.resume(tmp_path / "run").execute()
+
+
 def test_ctrl_c_during_the_summary_says_the_run_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C after the run finished (while its summary prints) exits 130 with one line naming the finished run,
     not silently as if the run had been cut."""
@@ -270,7 +294,7 @@ def test_resume_refuses_a_changed_unit_of_privacy_even_where_no_sensitivity_show
     path = tmp_path / "run" / "config.yaml"
     edited = yaml.safe_load(path.read_text())
     edited["data"]["person_column"] = None
-    path.write_text(yaml.safe_dump(edited))
+    path.write_text(yaml.safe_dump(edited, sort_keys=False))
     with pytest.raises(DpsynthError, match="the unit of privacy"):
         Run.resume(tmp_path / "run").execute()
 
@@ -317,8 +341,9 @@ def test_the_fingerprint_holds_what_a_resume_must_not_change_silently(tmp_path: 
 
 def test_a_saved_vote_release_never_answers_for_other_candidates(tmp_path: Path, monkeypatch) -> None:
     """Killed after iteration 0's vote release was saved, before its checkpoint: a resume that regenerates other
-    candidates (here the seed was edited; a lost request cache does the same) is refused instead of selecting
-    and weighting its texts with votes cast on others; the unedited resume goes on with the saved votes."""
+    candidates (here a lost request cache and a server that answers otherwise, as an API at temperature > 0 does;
+    an edited seed is refused before, by the config check) is refused instead of selecting and weighting its
+    texts with votes cast on others; the resume with the cache goes on with the saved votes."""
     raw = _config(tmp_path, "wasp")
     save = Run._save_checkpoint
 
@@ -331,14 +356,26 @@ def test_a_saved_vote_release_never_answers_for_other_candidates(tmp_path: Path,
     monkeypatch.setattr(Run, "_save_checkpoint", save)
     saved = json.loads((tmp_path / "run" / "checkpoints" / "releases" / "wasp.votes_iteration=0_.json").read_text())
     assert saved["asked"]["candidates"] == 4 and len(saved["asked"]["projection"]) == 4  # n / T
-    path = tmp_path / "run" / "config.yaml"
-    original = path.read_text()
-    edited = yaml.safe_load(original)
-    edited["seed"] = 2
-    path.write_text(yaml.safe_dump(edited))
+    answer = FakeGenerator.generate
+
+    def otherwise(self, requests, on_result=None):
+        out = [GenerationResult(r.text + " Again.", r.prompt_tokens, r.completion_tokens)
+               for r in answer(self, requests)]
+        for i, r in enumerate(out):
+            if on_result:
+                on_result(i, r)
+        return out
+
+    cache = os.environ.get("DPSYNTH_CACHE")
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "another-cache"))
+    monkeypatch.setattr(FakeGenerator, "generate", otherwise)
     with pytest.raises(DpsynthError, match="wasp.votes\\[iteration=0\\] was drawn for other candidates"):
         Run.resume(tmp_path / "run").execute()
-    path.write_text(original)
+    monkeypatch.setattr(FakeGenerator, "generate", answer)
+    if cache is None:
+        monkeypatch.delenv("DPSYNTH_CACHE")
+    else:
+        monkeypatch.setenv("DPSYNTH_CACHE", cache)
     out = Run.resume(tmp_path / "run").execute()
     after = json.loads((tmp_path / "run" / "checkpoints" / "releases" / "wasp.votes_iteration=0_.json").read_text())
     assert after["values"] == saved["values"] and len(out["privacy"]["events"]) == 3
@@ -372,16 +409,16 @@ def test_resume_refuses_a_changed_privacy_setting_and_old_checkpoints(tmp_path: 
     path = tmp_path / "run" / "config.yaml"
     edited = yaml.safe_load(path.read_text())
     edited["privacy"]["epsilon"] = 8.0
-    path.write_text(yaml.safe_dump(edited))
+    path.write_text(yaml.safe_dump(edited, sort_keys=False))
     with pytest.raises(DpsynthError, match="privacy.epsilon changed since the run started"):
         Run.resume(tmp_path / "run").execute()
     edited["privacy"]["epsilon"] = 2.0
     edited["wasp"]["iterations"] = 5
-    path.write_text(yaml.safe_dump(edited))
+    path.write_text(yaml.safe_dump(edited, sort_keys=False))
     with pytest.raises(DpsynthError, match="schedule of releases"):
         Run.resume(tmp_path / "run").execute()
     edited["wasp"]["iterations"] = 3
-    path.write_text(yaml.safe_dump(edited))
+    path.write_text(yaml.safe_dump(edited, sort_keys=False))
     state = tmp_path / "run" / "checkpoints" / "state.json"
     state.write_text("{trunc")
     with pytest.raises(DpsynthError, match="damaged checkpoint"):
@@ -390,6 +427,43 @@ def test_resume_refuses_a_changed_privacy_setting_and_old_checkpoints(tmp_path: 
     state.write_text(json.dumps({"sigma": 3.0, "state": {}}))
     with pytest.raises(DpsynthError, match="older dpsynth"):
         Run.resume(tmp_path / "run").execute()
+
+
+def test_resume_refuses_other_generators_data_or_options_and_accepts_caps(tmp_path: Path) -> None:
+    """Editing config.yaml is how a cap is raised; any other edit of what the samples come from (a generator, the
+    seed, the data, a method option) would mix two settings in one output, and is refused by name."""
+    cfg = parse_config(_config(tmp_path, "wasp"))
+    Run.create(cfg, tmp_path / "run").execute()
+    path = tmp_path / "run" / "config.yaml"
+    original = path.read_text()
+    for edit, named in [(lambda c: c["generators"][0].update(model="other"), "generators[0].model"),
+                        (lambda c: c.update(seed=5), "seed"),
+                        (lambda c: c["wasp"].update(temperature=0.5), "wasp.temperature"),
+                        (lambda c: c["data"].update(label_column="y"), "data.label_column"),
+                        (lambda c: c.update(generators=c["generators"][:1]), "generators"),
+                        (lambda c: c["task"].update(labels=dict(reversed(c["task"]["labels"].items()))),
+                         "task.labels (their order counts too)")]:
+        edited = yaml.safe_load(original)
+        edit(edited)
+        path.write_text(yaml.safe_dump(edited, sort_keys=False))
+        with pytest.raises(DpsynthError, match=rf": {re.escape(named)} changed since the run started; the samples"):
+            Run.resume(tmp_path / "run").execute()
+    edited = yaml.safe_load(original)
+    edited["generators"][0].update(max_requests=1000, max_retries=9, timeout=5.0, max_concurrency=2, n_ctx=4096)
+    edited.update(device="cpu")
+    path.write_text(yaml.safe_dump(edited, sort_keys=False))
+    Run.resume(tmp_path / "run").execute()  # operational settings only: resumes
+
+
+def test_a_run_over_its_budget_at_release_writes_no_output(tmp_path: Path, monkeypatch) -> None:
+    """The budget (and the accountants' cross-check) is checked before the synthetic set is written, not after."""
+    from dpsynth.runs import outputs
+
+    real = outputs.privacy_report
+    monkeypatch.setattr(outputs, "privacy_report", lambda *a, **k: {**real(*a, **k), "within_budget": False})
+    with pytest.raises(DpsynthError, match="exceeds the budget at release .*nothing was written"):
+        Run.create(parse_config(_config(tmp_path, "wasp")), tmp_path / "run").execute()
+    assert not [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(("synthetic", "privacy"))]
 
 
 def _strings(obj: object, seen: set[int], depth: int = 0):

@@ -28,6 +28,7 @@ from dpsynth.finetune.model import (
 )
 from dpsynth.llm.base import GenerationRequest
 from dpsynth.llm.local_models import resolve_local_model
+from dpsynth.llm.model_files import file_fingerprint
 
 PROMPT = control_prompt("movie review", "positive", "a review that praises the film")
 TEXTS = [
@@ -319,7 +320,7 @@ def test_adapter_generator_names_its_adapter_and_writes(gguf: Path, base: tuple[
     other = init + np.float32(0.01)
     gen = AdapterGenerator(gguf, init, r=4, alpha=8)
     assert not gen.chat
-    assert gen.model_id.startswith(f"dpft:{gguf.name}:{adapter_hash(init)}")
+    assert gen.model_id.startswith(f"dpft:{gguf.name}:{file_fingerprint(gguf)}:{adapter_hash(init)}")
     assert AdapterGenerator(gguf, other, r=4, alpha=8).model_id != gen.model_id
     requests = [GenerationRequest(prompt=PROMPT, max_tokens=12, seed=s) for s in range(2)]
     results = gen.generate(requests)

@@ -108,3 +108,21 @@ def test_the_federated_holder_refuses_them_before_asking_the_parties(tmp_path: P
     with pytest.raises(ValueError, match="charged for sensitivity"):  # no aggregator connected: never reached
         holder.noisy_votes(VoteSpec(kind="wasp", q=8), CANDIDATES, LABELS, release=("wasp.votes", 0))
     assert not ledger.events
+
+
+def test_a_training_request_other_than_its_release_is_refused_before_the_charge(tmp_path: Path) -> None:
+    """DP-SGD asked for more steps (or another rate) than the release was accounted for: refused before the ledger
+    is charged, as votes are (it was refused after the charge, over-charging the run's ledger in memory)."""
+    from dpsynth.methods.dpft import NOISE_MULTIPLIER, Dpft
+
+    raw = {**_config(tmp_path, "dpft"), "dpft": {"n": 12, "steps": 5, "sampling_rate": 0.25}}
+    cfg = parse_config(raw)
+    ledger = PrivacyLedger(20.0, 1e-5)
+    holder = CentralHolder(load_private(cfg).records, task_for(cfg).label_names, _Embedder(), ledger=ledger,
+                           noise=NoiseSource(1), schedule=plan_privacy(cfg).schedule, knobs={NOISE_MULTIPLIER: 1.0},
+                           store=ReleaseStore(None))  # a fixed noise multiplier: calibrating DP-SGD takes 30 s
+    request = Dpft(cfg).training_request(task_for(cfg))
+    for wrong in (request.model_copy(update={"steps": 6}), request.model_copy(update={"sampling_rate": 0.5})):
+        with pytest.raises(ValueError, match="is not accounted as"):
+            holder.train_adapter(wrong, release=("dpft.training", None))
+    assert not ledger.events

@@ -106,3 +106,33 @@ def test_a_saved_noisy_release_without_its_values_is_refused_not_drawn_again(tmp
     saved.write_text(json.dumps({**data, "values": None}))
     with pytest.raises(DpsynthError, match="damaged release checkpoint.*without its values"):
         ReleaseStore(tmp_path / "releases")
+
+
+def test_an_un_noised_release_is_never_written_and_a_resume_computes_it_once(tmp_path: Path) -> None:
+    """epsilon = inf: no partial state and no values on disk (they are clean private values); a resumed process
+    recomputes the release once and answers later requests with those values (a non-DP adapter trained twice
+    with fresh randomness would differ from the one the run's state describes)."""
+    raw = _config(tmp_path, "uniform")
+    raw["privacy"]["epsilon"] = "inf"
+    cfg = parse_config(raw)
+    knobs = plan_privacy(cfg).calibrate()
+    store = ReleaseStore(tmp_path / "releases")
+    assert store.work_dir("wasp.votes/0", noised=False) is None
+    assert store.work_dir("wasp.votes/0", noised=True) is not None
+    calls = []
+
+    def draw(release, value: float) -> np.ndarray:
+        calls.append(value)
+        return np.random.default_rng().normal(size=3)
+
+    first = _holder(cfg, PrivacyLedger(cfg.privacy.epsilon, cfg.privacy.delta), knobs, store)
+    out = first._release(("wasp.votes", 0), draw)
+    (saved,) = (tmp_path / "releases").glob("*.json")
+    assert '"values": null' in saved.read_text() and not list((tmp_path / "releases").glob("*.partial"))
+    assert not list((tmp_path / "releases").glob("*.npy"))
+
+    resumed = _holder(cfg, PrivacyLedger(cfg.privacy.epsilon, cfg.privacy.delta), knobs,
+                      ReleaseStore(tmp_path / "releases"))
+    again = [resumed._release(("wasp.votes", 0), draw) for _ in range(3)]
+    assert len(calls) == 2 and not np.array_equal(again[0], out)  # recomputed once, in the resumed process
+    assert all(np.array_equal(a, again[0]) for a in again)

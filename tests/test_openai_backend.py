@@ -234,7 +234,7 @@ def test_a_cost_cap_stops_the_run_and_a_raised_cap_resumes_it(llama_server: str,
     config_path = tmp_path / "run" / "config.yaml"
     saved = yaml.safe_load(config_path.read_text())
     saved["generators"][0]["max_cost"] = 1.0
-    config_path.write_text(yaml.safe_dump(saved))
+    config_path.write_text(yaml.safe_dump(saved, sort_keys=False))
     finished = runner.invoke(_typer_app, ["run", "--resume", str(tmp_path / "run")])
     assert finished.exit_code == 0, finished.output
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())

@@ -70,6 +70,8 @@ def test_privacy_plans_of_both_scorings() -> None:
     assert s_once == pytest.approx(1 / gdp_mu_for(4.0, 1e-5), rel=1e-3)
     assert s_votes / s_once == pytest.approx(2.0, rel=1e-3)
     assert public.schedule.is_empty
+    # the public control never opens the private records (its card says none were read), the others do
+    assert not public.reads_private_records and votes.reads_private_records and once.reads_private_records
 
 
 def _raw(tmp_path: Path, **popri) -> dict:

@@ -522,3 +522,34 @@ def test_an_embedding_cache_write_that_fails_is_rolled_back_and_the_next_call_wo
     assert embedder.encode(["a", "c"]).shape == (2, 3)
     assert other.execute("SELECT count(*) FROM emb").fetchone()[0] == 2  # nothing of the failed call was kept
     embedder.close()
+
+
+def test_sync_makes_the_log_durable_before_a_release(tmp_path: Path, monkeypatch) -> None:
+    """`sync` fsyncs the write-ahead log holding the answers committed so far (once per release, not per answer),
+    and the run's door to the data holder calls it before every request."""
+    import numpy as np
+
+    from dpsynth.private.holder import HolderRequests
+
+    cache = RequestCache(tmp_path / "c.sqlite")
+    cache.put_many([("k", "m", "p", GenerationResult("answer", 1, 1))])
+    synced: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
+    cache.sync()
+    assert synced == [f"{tmp_path / 'c.sqlite'}-wal", str(tmp_path)]  # the log, then its name in the folder
+    cache.close()
+
+    order: list[str] = []
+
+    class Holder:
+        def noisy_votes(self, *a, **k):
+            order.append("release")
+            return np.zeros(1)
+
+        noisy_label_counts = noisy_length_histogram = length_bound = train_adapter = noisy_votes
+
+    door = HolderRequests(Holder(), before=lambda: order.append("sync"))  # type: ignore[arg-type]
+    door.noisy_votes(None, None, None, release=("r", 0))
+    door.noisy_label_counts(["a"], release=("l", None))
+    assert order == ["sync", "release", "sync", "release"]

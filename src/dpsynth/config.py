@@ -172,7 +172,8 @@ class PrivacyConfig(Section):
         "or replace (one swapped for another: the sensitivities and the accounting change, docs/privacy.md)")
     max_records_per_user: PositiveInt = Field(
         1, description="k: records one person may contribute (needs data.person_column; the data holder keeps at "
-        "most k of each person's records, and every sensitivity is that of k records)")
+        "most k of each person's records, and every release's sensitivity is that of k records; DP-SGD clips "
+        "each person's summed gradient instead)")
     label_proportions: Literal["uniform", "dp"] | dict[str, float] | None = Field(
         None, description="uniform, public proportions {label: share}, or 'dp' (noisy label counts, accounted); "
         "unset: the method's default (uniform, except DPGA which releases its own DP label histogram)"

@@ -126,22 +126,36 @@ def sync_directory(folder: Path) -> None:
     Windows a directory cannot be opened this way (its renames are journalled by NTFS); a file system that cannot
     sync a directory (EINVAL, ENOTSUP, ...) or open one for reading offers nothing more to ask for: the write itself
     has happened."""
-    if os.name != "posix":
-        return
+    if os.name == "posix":
+        _fsync(folder, os.O_RDONLY)
+
+
+_CANNOT_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.ENOSYS, errno.EBADF, errno.EACCES, errno.EPERM}
+
+
+def sync_file(path: Path) -> None:
+    """Make what was written to an existing file durable (a file another library writes: SQLite's write-ahead log),
+    and its name in its folder. Opened for writing, as Windows' fsync needs; a missing file has nothing to sync, and
+    a file system that cannot sync offers nothing more to ask for."""
+    if _fsync(path, os.O_RDWR):
+        sync_directory(path.parent)
+
+
+def _fsync(path: Path, flags: int) -> bool:
+    """fsync `path` opened with `flags`; False if it is missing or may not be opened (nothing to sync), and a file
+    system's refusal to sync (EINVAL, ENOTSUP, ...) is not an error: the write itself has happened."""
     try:
-        fd = os.open(folder, os.O_RDONLY)
-    except PermissionError:
-        return
+        fd = os.open(path, flags)
+    except (FileNotFoundError, PermissionError):
+        return False
     try:
         os.fsync(fd)
     except OSError as err:
-        if err.errno not in _CANNOT_SYNC_FOLDERS:
+        if err.errno not in _CANNOT_SYNC:
             raise
     finally:
         os.close(fd)
-
-
-_CANNOT_SYNC_FOLDERS = {errno.EINVAL, errno.ENOTSUP, errno.ENOSYS, errno.EBADF, errno.EACCES, errno.EPERM}
+    return True
 
 
 @dataclass(frozen=True)

@@ -105,11 +105,13 @@ class FederatedHolder(ReleasingHolder):
         (times `request.server_learning_rate`). The whole training is one release charged before round 1;
         each round's adapter (DP: post-processing of DP updates) is saved, so a resume continues from it."""
 
+        booked = self.schedule.get(*release)  # checked before the release is charged
+        check_training_release(booked, self.knobs[booked.knob], request)
+        parties = self._parties(booked)
+        if parties is None or request.parties is None or set(parties) != set(request.parties):
+            raise AssertionError(f"release {booked.name}: the training parties differ from its accounted group")
+
         def draw(r: Release, value: float) -> np.ndarray:
-            check_training_release(r, value, request)
-            parties = self._parties(r)
-            if parties is None or request.parties is None or set(parties) != set(request.parties):
-                raise AssertionError(f"release {r.name}: the training parties differ from its accounted group")
             report = None if on_step is None else self._step_report(r, value, on_step)
             return self._fedavg(r, value, request, report)
 
@@ -122,7 +124,7 @@ class FederatedHolder(ReleasingHolder):
 
         if self.aggregator is None:
             raise AssertionError("federated holder used outside a running federation")
-        work = self.store.work_dir(r.name)
+        work = self.store.work_dir(r.name, noised=noise_multiplier > 0)  # un-noised rounds are never written
         saved = work / "adapter.npz" if work is not None else None
         settings = training_settings(request, noise_multiplier)
         if saved is not None and saved.exists():
@@ -161,7 +163,7 @@ class FederatedHolder(ReleasingHolder):
         refused here; a round stopped before its answers could reach the server is asked again. The mark is
         prepared before anything is sent, so a full disk stops the round before it is asked, and exposing it is
         one rename. Un-noised releases (epsilon = inf: no guarantee to keep) and those already saved carry none."""
-        work = self.store.work_dir(release)
+        work = self.store.work_dir(release, noised=noise > 0)
         if work is None or noise <= 0 or release in self.store:
             return None
         marker, pending = work / f"exposed-{what}", work / f"pending-{what}"

@@ -284,15 +284,16 @@ def _restore(path: Path, settings: TrainSettings, unit: str, model: torch.nn.Mod
     except (OSError, RuntimeError) as err:
         raise DpsynthError(f"cannot read training checkpoint {path}: {str(err).splitlines()[0]}") from err
     if state.get("settings") != settings.fingerprint():
-        raise DpsynthError(
-            f"training checkpoint {path} was written with other training settings; "
-            "remove it or train into another directory"
+        raise DpsynthError(  # never "remove it": its steps were shown (their noisy norms) and charged once; a
+            # fresh start in the same run would take them again, uncharged
+            f"training checkpoint {path} was written with other training settings (steps, sampling rate, noise, "
+            "clip norm, learning rate, max_length, or a dpsynth version that trains differently); resume with the "
+            "settings it was written with, or start a new run (its steps were already released)"
         )
     if state.get("unit", unit) != unit:
         raise DpsynthError(
             f"training checkpoint {path} was trained with each {state['unit']} as the unit of privacy, this run "
-            f"trains per {unit}; the steps already taken would not carry this run's guarantee: remove it or train "
-            "into another directory"
+            f"trains per {unit}; the steps already taken would not carry this run's guarantee: start a new run"
         )
     load_adapter_vector(model, state["adapter"].numpy())
     adam.load_state_dict(state["adam"])

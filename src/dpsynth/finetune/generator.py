@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsynth.finetune.model import adapter_hash, add_lora, load_adapter_vector
+from dpsynth.llm.model_files import file_fingerprint
 from dpsynth.llm.transformers_backend import TransformersGenerator
 
 
@@ -39,7 +40,7 @@ class AdapterGenerator(TransformersGenerator):
         with_lora = add_lora(self._model, r, alpha)
         load_adapter_vector(with_lora, adapter)
         self._model = with_lora.merge_and_unload().eval()
-        self._model_id = f"dpft:{gguf_path.name}:{adapter_hash(adapter)}:r{r}a{alpha}"
+        self._model_id = f"dpft:{gguf_path.name}:{file_fingerprint(gguf_path)}:{adapter_hash(adapter)}:r{r}a{alpha}"
 
     @property
     def model_id(self) -> str:

@@ -16,7 +16,8 @@ class AdapterTraining(BaseModel):
     lora_r: int = Field(ge=1)
     lora_alpha: int = Field(ge=1)
     steps: int = Field(ge=1)
-    sampling_rate: float = Field(gt=0.0, le=1.0, description="Poisson rate: each record joins each step with it")
+    sampling_rate: float = Field(gt=0.0, le=1.0,
+                                 description="Poisson rate: each record (or person) joins each step with it")
     clip_norm: float = Field(gt=0.0)
     learning_rate: float = Field(gt=0.0)
     max_length: int = Field(ge=2, description="tokens per training sequence (prompt + text)")

@@ -22,6 +22,7 @@ from typing import Any
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+from dpsynth.llm.model_files import file_fingerprint
 from dpsynth.llm.quiet import c_stderr_captured, verbose
 
 GGUF_MAGIC = b"GGUF"
@@ -137,6 +138,7 @@ class LlamaCppGenerator:
         except ImportError as err:
             raise DpsynthError("llama.cpp backend needs llama-cpp-python: pip install 'dpsynth[local]'") from err
         self._path = model_path
+        self._fingerprint: str | None = None  # read on first use (two MiB of the file)
         self._lora = _file_hash(lora_path) if lora_path is not None else None
         self.name = name or model_path.stem
         threads = n_threads or available_cores()
@@ -167,9 +169,12 @@ class LlamaCppGenerator:
 
     @property
     def model_id(self) -> str:
-        stat = self._path.stat()
+        """The file's name and its content's fingerprint (`model_files.py`: never the name and size alone), and
+        the adapter's content hash."""
+        if self._fingerprint is None:
+            self._fingerprint = file_fingerprint(self._path)
         lora = f":lora:{self._lora}" if self._lora else ""
-        return f"llama_cpp:{self._path.name}:{stat.st_size}{lora}"
+        return f"llama_cpp:{self._path.name}:{self._fingerprint}{lora}"
 
     @property
     def chat(self) -> bool:

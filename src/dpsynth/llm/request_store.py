@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import create_owner_only
+from dpsynth.fs import create_owner_only, sync_file
 from dpsynth.llm.base import GenerationResult
 
 BUSY_TIMEOUT = 30.0  # seconds SQLite waits for another process's lock
@@ -249,6 +249,16 @@ class RequestCache:
                 chunk = unique[start : start + 500]
                 self._retry(lambda c=chunk: self._db.execute(  # type: ignore[misc]
                     f"DELETE FROM claims WHERE owner=? AND key IN ({','.join('?' * len(c))})", [self.owner, *c]))
+
+    def sync(self) -> None:
+        """Make every answer committed so far survive a power loss, not only a crash of the process: called before
+        a private release that may depend on them (`runs/engine.py`). Why: under `synchronous=NORMAL` the last
+        commits can be lost with the machine's power, while the release is fsynced; the resumed run would then ask
+        again, get other answers (an API at temperature > 0), and be refused by the saved release's request check,
+        leaving the user to start over and spend again. One fsync of the write-ahead log per release, not per
+        answer."""
+        with self._lock:  # no log file: the last checkpoint folded it into the database file, fsynced then
+            sync_file(Path(f"{self._path}-wal"))
 
     def close(self) -> None:
         self._db.close()

@@ -23,6 +23,7 @@ from typing import Any
 
 from dpsynth.errors import DpsynthError
 from dpsynth.llm.base import GenerationRequest, GenerationResult, ResultCallback
+from dpsynth.llm.model_files import file_fingerprint, folder_fingerprint
 from dpsynth.llm.quiet import python_stderr_quiet, quiet_transformers
 
 
@@ -101,6 +102,7 @@ class TransformersGenerator:
         has_template = bool(getattr(self._tok, "chat_template", None))
         self._chat = has_template if chat is None else chat
         self._model_name = model
+        self._identity: str | None = None  # model_id's content part, read on first use
         self.name = name or path.stem
         self._batch_size = batch_size
         self.device = "cpu"
@@ -114,7 +116,17 @@ class TransformersGenerator:
 
     @property
     def model_id(self) -> str:
-        return f"transformers:{self._model_name}"
+        """The model's name and what it is: a local file's or folder's content fingerprint (`model_files.py`), a
+        Hub model's commit (a moving revision must not be served the previous commit's answers)."""
+        if self._identity is None:
+            path = Path(self._model_name).expanduser()
+            if path.is_file():
+                self._identity = file_fingerprint(path)
+            elif path.is_dir():
+                self._identity = folder_fingerprint(path)
+            else:
+                self._identity = str(getattr(self._model.config, "_commit_hash", None) or "")
+        return f"transformers:{self._model_name}:{self._identity}"
 
     @property
     def chat(self) -> bool:

@@ -174,6 +174,11 @@ class Method(ABC, Generic[OptionsT, StateT]):
                                  f"prompt of {cls.name} and its answer need; raise n_ctx to at least {need}")
 
     @classmethod
+    def reads_private_data(cls, options: Any) -> bool:
+        """Whether a run of these options asks the data holder anything (a method's public control does not)."""
+        return cls.uses_private_data
+
+    @classmethod
     def runs_alone(cls, options: Any) -> bool:
         """Whether a run of these options has exactly one PLM (a bench then runs one cell per PLM)."""
         return cls.one_generator_per_run

@@ -50,8 +50,9 @@ class DpftOptions(SamplingOptions):
 
     n: PositiveInt = Field(240, description="samples to generate from the fine-tuned model")
     steps: PositiveInt = Field(60, description="DP-Adam steps (each a Poisson sample of the records)")
-    sampling_rate: float = Field(0.25, gt=0, le=1, description="q: each record joins each step with this "
-                                 "probability (expected batch = q x records)")
+    sampling_rate: float = Field(0.25, gt=0, le=1, description="q: each record (each person, with "
+                                 "data.person_column) joins each step with this probability (expected batch = q x "
+                                 "records)")
     clip_norm: float = Field(1.0, gt=0, description="per-example gradient L2 bound")
     learning_rate: float = Field(3e-3, gt=0, description="DP-Adam learning rate")
     lora_r: PositiveInt = Field(8, description="LoRA rank of the adapter")

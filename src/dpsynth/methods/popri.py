@@ -108,6 +108,10 @@ class Popri(Method[PopriOptions, PopriState]):
             raise ValueError(f"popri needs chosen_rank < rejected_rank <= j (got {o.chosen_rank}, "
                              f"{o.rejected_rank}, {o.j})")
 
+    @classmethod
+    def reads_private_data(cls, options: Any) -> bool:
+        return options.scoring != "public"  # the control scores by the public label descriptions only
+
     def check_task(self, task) -> None:
         local_gguf_path(self.config)
 

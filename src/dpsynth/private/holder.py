@@ -86,17 +86,23 @@ class HolderRequests:
     length_bound: Callable[..., int]
     train_adapter: Callable[..., np.ndarray]
 
-    def __init__(self, holder: DataHolder, on_time: Callable[[str, float], None] | None = None) -> None:
+    def __init__(self, holder: DataHolder, on_time: Callable[[str, float], None] | None = None,
+                 before: Callable[[], None] | None = None) -> None:
+        """`before`: called before each request reaches the holder (the run makes the answers its candidates came
+        from durable there: `RequestCache.sync`)."""
         for name in self.__slots__:
             key = "training" if name == "train_adapter" else "voting"
-            object.__setattr__(self, name, _forward(getattr(holder, name), key, on_time))
+            object.__setattr__(self, name, _forward(getattr(holder, name), key, on_time, before))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("the data holder's requests cannot be replaced")
 
 
-def _forward(request: Callable, key: str, on_time: Callable[[str, float], None] | None) -> Callable:
+def _forward(request: Callable, key: str, on_time: Callable[[str, float], None] | None,
+             before: Callable[[], None] | None = None) -> Callable:
     def call(*args, **kwargs):
+        if before is not None:
+            before()
         since = time.perf_counter()
         try:
             return request(*args, **kwargs)
@@ -132,8 +138,10 @@ class ReleasingHolder:
         event = release.event(value) if value > 0 else None
         if release.name in self.store:  # released before a crash: never drawn or charged again
             saved = self.store.get(release.name)
-            if saved is None:  # un-noised (epsilon = inf): not kept on disk, recomputing it costs nothing (a noisy
-                return noisy(release, value)  # release saved without its values is refused when the store loads)
+            if saved is None:  # un-noised (epsilon = inf): not kept on disk, recomputed once per process (a noisy
+                out = noisy(release, value)  # release saved without its values is refused when the store loads)
+                self.store.keep_clean(release.name, out)
+                return out
             check_same_request(release.name, self.store.asked(release.name), asked)
             return saved
         if event is None:
@@ -299,15 +307,18 @@ class CentralHolder(ReleasingHolder):
                       on_step: StepReport | None = None) -> np.ndarray:
         from dpsynth.private.training import train_on_records
 
+        booked = self.schedule.get(*release)  # checked before the release is charged, as votes are
+        check_training_release(booked, self.knobs[booked.knob], request)
+        if request.rounds != 1 or request.parties is not None:
+            raise ValueError("federated (FedAvg) training needs a federated run")
+
         def draw(r: Release, value: float) -> np.ndarray:
-            check_training_release(r, value, request)
-            if request.rounds != 1 or request.parties is not None:
-                raise ValueError("federated (FedAvg) training needs a federated run")
             # secret: drawn from the release's noise stream (OS entropy unless privacy.noise_seed), never stored
             seed = self.noise.secret_seed(f"{r.name}/seed")
             report = None if on_step is None else self._step_report(r, value, on_step)
             return train_on_records(request, list(self.__private.texts), list(self.__private.labels),
-                                    noise_multiplier=value, seed=seed, work_dir=self.store.work_dir(r.name),
+                                    noise_multiplier=value, seed=seed,
+                                    work_dir=self.store.work_dir(r.name, noised=value > 0),
                                     on_step=report, groups=self.__persons, device=self.__device)
 
         adapter = self._release(release, draw)

@@ -71,7 +71,7 @@ class ReleaseStore:
                     self._saved[data["name"]] = (event, values)
                     if data.get("asked") is not None:
                         self._asked[data["name"]] = data["asked"]
-                except (ValueError, KeyError) as err:
+                except (ValueError, KeyError, OSError) as err:  # OSError: its values file is missing or unreadable
                     raise DpsynthError(f"{path}: damaged release checkpoint ({err}); the run cannot resume "
                                        "safely (this release may have been used)") from err
 
@@ -93,14 +93,10 @@ class ReleaseStore:
         return {name: event for name, (event, _) in self._saved.items()}
 
     def save(self, name: str, event: PrivacyEvent | None, values: np.ndarray, asked: dict | None = None) -> None:
+        """Written to disk first, then known in memory: a write that fails leaves the release unsaved here too."""
         kept = None if event is None else np.asarray(values, dtype=np.float64).copy()
-        if event is None:
-            self._clean[name] = np.asarray(values, dtype=np.float64).copy()
-        self._saved[name] = (event, kept)
-        if asked is not None:
-            self._asked[name] = asked
         if self.root is not None:
-            payload = {"name": name, "seq": len(self._saved),
+            payload = {"name": name, "seq": len(self._saved) + 1,
                        "event": None if event is None else _EVENT.dump_python(event, mode="json"),
                        "values": None if kept is None or kept.size > LARGE else kept.tolist(), "asked": asked}
             if kept is not None and kept.size > LARGE:
@@ -109,13 +105,22 @@ class ReleaseStore:
                 atomic_write_bytes(self.root / (_stem(name) + ".npy"), buffer.getvalue())
                 payload["values_file"] = _stem(name) + ".npy"
             atomic_write_text(self.root / _file_name(name), json.dumps(payload))
-            work = self.work_dir(name)
-            if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(self.root / (_stem(name) + ".partial"), ignore_errors=True)
+        if event is None:
+            self.keep_clean(name, values)
+        self._saved[name] = (event, kept)
+        if asked is not None:
+            self._asked[name] = asked
 
-    def work_dir(self, name: str) -> Path | None:
-        """Where a long release keeps its partial (DP) state until it is saved (None: in memory only)."""
-        return None if self.root is None else self.root / (_stem(name) + ".partial")
+    def keep_clean(self, name: str, values: np.ndarray) -> None:
+        """An un-noised release's values, in memory for the rest of the process (never on disk): a resumed
+        process that recomputed one answers later requests with the same values, not a second computation."""
+        self._clean[name] = np.asarray(values, dtype=np.float64).copy()
+
+    def work_dir(self, name: str, *, noised: bool) -> Path | None:
+        """Where a long release keeps its partial (DP) state until it is saved (None: in memory only). An
+        un-noised release (epsilon = inf) keeps none: its partial state is clean private values."""
+        return None if self.root is None or not noised else self.root / (_stem(name) + ".partial")
 
     def restore_into(self, ledger: PrivacyLedger) -> list[str]:
         """Add saved releases the ledger does not know yet (a crash after a release, before a checkpoint)."""

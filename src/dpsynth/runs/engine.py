@@ -56,6 +56,7 @@ from dpsynth.runs.build import (
 )
 from dpsynth.runs.config import dump_config, load_config
 from dpsynth.runs.planning import PrivacyPlan, plan_privacy
+from dpsynth.runs.resume_check import changed_settings, content_fingerprint, editable_settings
 
 CHECKPOINT_FORMAT = 2
 log = logging.getLogger("dpsynth.run")
@@ -86,6 +87,12 @@ class _Live:
 def _close_request_caches(generators: dict[str, CachedGenerator]) -> None:
     for cache in {id(g.cache): g.cache for g in generators.values()}.values():
         cache.close()
+
+
+def _sync_request_caches(generators: dict[str, CachedGenerator]) -> None:
+    """Before a private release: the answers its candidates came from survive a power loss as the release will."""
+    for cache in {id(g.cache): g.cache for g in generators.values()}.values():
+        cache.sync()
 
 
 def _hint_for_a_file(path: Path) -> str:
@@ -223,10 +230,16 @@ class Run:
             # The exact number of private records is itself an un-noised count: never logged.
             log.info("start %s: knobs %s", cfg.method, knobs)
         else:
-            ledger = PrivacyLedger.from_dict(saved["ledger"])
-            state = self.method.load_state(saved["state"])
-            usage_saved, timings = saved["usage"], dict(saved["timings"])
-            self._wall_before = saved["wall_seconds"]
+            try:
+                ledger = PrivacyLedger.from_dict(saved["ledger"])
+                state = self.method.load_state(saved["state"])
+                usage_saved, timings = saved["usage"], dict(saved["timings"])
+                self._wall_before = float(saved["wall_seconds"])
+                if not isinstance(saved["label_shares"], dict):
+                    raise TypeError("label_shares is not a mapping")
+            except (KeyError, TypeError, ValueError) as err:  # pydantic's ValidationError is a ValueError
+                raise DpsynthError(f"{self.dir.state}: damaged checkpoint ({type(err).__name__}: "
+                                   f"{str(err).splitlines()[0]}); the run cannot be resumed") from err
         store = ReleaseStore(self.dir.releases)
         self._check_saved_releases(store, knobs)
         restored = store.restore_into(ledger)
@@ -235,12 +248,20 @@ class Run:
                      state.next_iteration, ledger.spent().epsilon, len(restored))
         usage = {g.display_name: Usage(prices=prices(g)) for g in cfg.generators}
         if self.dir.usage_at_stop.exists():  # the run stopped mid-step: the requests it paid for still count
-            usage_saved, wall_at_stop = _read_usage_at_stop(self.dir.usage_at_stop)
-            # and so does its time, or the generator time it carries would exceed the wall time
-            self._wall_before = max(self._wall_before, wall_at_stop)
+            stopped, wall_at_stop = _read_usage_at_stop(self.dir.usage_at_stop)
+            # unless the file predates the checkpoint (a kill between writing a checkpoint and removing it): the
+            # checkpoint's usage, later, counts it already
+            if not (saved is not None and 0 < wall_at_stop <= self._wall_before):
+                usage_saved = stopped
+                # and so does its time, or the generator time it carries would exceed the wall time
+                self._wall_before = max(self._wall_before, wall_at_stop)
         for name, u in usage_saved.items():
             if name in usage:
-                usage[name] = Usage(**u)
+                try:
+                    usage[name] = Usage(**u)
+                except TypeError as err:
+                    raise DpsynthError(f"{self.dir.checkpoints}: damaged checkpoint (the usage of {name}: {err}); "
+                                       "the run cannot be resumed") from err
         t0 = time.perf_counter()
         # loads at its first use, after the cheap checks below
         # its load is model loading, not the embedding, voting or evaluation step whose first call triggers it
@@ -271,7 +292,7 @@ class Run:
             def on_time(key: str, began: float) -> None:  # the holder's requests: voting or training, kept private
                 add_time(timings, loads, key, began)
 
-            door = HolderRequests(requests, on_time=on_time)
+            door = HolderRequests(requests, on_time=on_time, before=lambda: _sync_request_caches(generators))
             ctx = StepContext(config=cfg, task=task, label_shares=shares, generators=generators,
                               holder=door, embed=synth.encode, progress=self.progress, timings=timings,
                               files=self.dir.method_files, knobs=dict(knobs), loads=loads)
@@ -299,9 +320,15 @@ class Run:
                 raise DpsynthError(f"{self.dir.config}: {changed} changed since the run started; the privacy "
                                    "schedule depends on it, so the run cannot resume with it (restore it or start "
                                    "a new run)")
-            if not isinstance(run_id, str):  # a plan saved by an older dpsynth: its answers from now on are named
-                run_id = uuid.uuid4().hex
-                atomic_write_text(path, json.dumps({**saved, "run_id": run_id}))
+            content = content_fingerprint(self.config)
+            edited = changed_settings(saved.get("content", content), content)
+            if edited:
+                raise DpsynthError(f"{self.dir.config}: {', '.join(edited)} changed since the run started; the "
+                                   "samples made before and after would come from different settings (restore it or "
+                                   f"start a new run; a resume may change only {editable_settings()})")
+            if not isinstance(run_id, str) or "content" not in saved:  # a plan saved by an older dpsynth: its
+                run_id = run_id if isinstance(run_id, str) else uuid.uuid4().hex  # answers from now on are named,
+                atomic_write_text(path, json.dumps({**saved, "run_id": run_id, "content": content}))  # and checked
             return knobs, run_id
         if self.dir.state.exists():
             raise DpsynthError(f"{self.dir.root}: checkpoint written by an older dpsynth (before format "
@@ -309,7 +336,8 @@ class Run:
         knobs = self.calibrate()
         run_id = uuid.uuid4().hex
         atomic_write_text(path, json.dumps({"format": CHECKPOINT_FORMAT, "fingerprint": self.plan.fingerprint(),
-                                            "knobs": knobs, "run_id": run_id}))
+                                            "content": content_fingerprint(self.config), "knobs": knobs,
+                                            "run_id": run_id}))
         return knobs, run_id
 
     def _check_saved_releases(self, store: ReleaseStore, knobs: dict[str, float]) -> None:
@@ -460,11 +488,12 @@ class Run:
         state = live.state
         samples = state.resampled if state.resampled is not None else \
             state.relabelled if state.relabelled is not None else before
-        outputs.write_synthetic(self.dir, samples)
         description = self.plan.describe(live.knobs)
-        report = outputs.write_privacy(self.dir, live.ledger, live.holder.noise.mode, description,
-                                       private_records_read=self.plan.reads_private_records,
-                                       run_delta=cfg.privacy.delta)
+        report = outputs.checked_privacy(live.ledger, live.holder.noise.mode, description,
+                                         private_records_read=self.plan.reads_private_records,
+                                         run_delta=cfg.privacy.delta)  # before anything is written
+        outputs.write_synthetic(self.dir, samples)
+        outputs.write_privacy(self.dir, report)
         outputs.write_card(self.dir, cfg, ctx.task, report, samples)
         evaluation = None
         if cfg.evaluate and live.test is not None:
@@ -555,7 +584,12 @@ USAGE_AT_STOP_FORMAT = 2
 def _read_usage_at_stop(path: Path) -> tuple[dict, float]:
     """(usage by generator, wall seconds) of a run stopped mid-step; a file written before 2026-11-27 holds the
     usage alone (its wall time is then the last checkpoint's)."""
-    saved = json.loads(path.read_text())
-    if saved.get("format") == USAGE_AT_STOP_FORMAT and isinstance(saved.get("usage"), dict):
-        return saved["usage"], float(saved["wall_seconds"])
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError("not a JSON object")
+        if saved.get("format") == USAGE_AT_STOP_FORMAT and isinstance(saved.get("usage"), dict):
+            return saved["usage"], float(saved["wall_seconds"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DpsynthError(f"{path}: damaged checkpoint ({err}); the run cannot be resumed") from err
     return saved, 0.0

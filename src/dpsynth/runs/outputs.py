@@ -11,6 +11,7 @@ from typing import Any
 from dpsynth.config import RunConfig
 from dpsynth.data.records import LabelledTexts, TaskSpec
 from dpsynth.embed.sentence import Embedder, embed_test_set
+from dpsynth.errors import DpsynthError
 from dpsynth.evaluate.downstream import probe_scores
 from dpsynth.fs import RunDir, atomic_write_bytes, atomic_write_text
 from dpsynth.llm.base import Usage
@@ -54,17 +55,21 @@ def write_card(run_dir: RunDir, config: RunConfig, task: TaskSpec, report: dict,
     atomic_write_text(run_dir.root / "README.md", card)
 
 
-def write_privacy(run_dir: RunDir, ledger: PrivacyLedger, noise_mode: str, plan: dict | None,
-                  private_records_read: bool = True, run_delta: float | None = None) -> dict:
-    """The privacy report, written only if the ledger is within its budget (checked here, at release).
-    `private_records_read` says whether the data holder opened the private data at all (a method without
-    private releases, e.g. zero-shot or FuseGen, never does)."""
+def checked_privacy(ledger: PrivacyLedger, noise_mode: str, plan: dict | None, private_records_read: bool = True,
+                    run_delta: float | None = None) -> dict:
+    """The privacy report, computed (with the accountants' cross-check) and checked against the budget before any
+    output is written: a run over its budget writes nothing. `private_records_read` says whether the data holder
+    opened the private data at all (a method without private releases, e.g. zero-shot or FuseGen, never does)."""
     report = {**privacy_report(ledger, noise_mode=noise_mode, plan=plan, run_delta=run_delta),
               "private_records_read": private_records_read}
     if not report["within_budget"]:
-        raise AssertionError("ledger exceeds the budget at release: refusing to write outputs")
-    write_privacy_report(run_dir.privacy, report)
+        raise DpsynthError(f"the ledger exceeds the budget at release (epsilon {report['epsilon']} of "
+                           f"{report['epsilon_budget']}): nothing was written; this is a dpsynth bug, please report it")
     return report
+
+
+def write_privacy(run_dir: RunDir, report: dict) -> None:
+    write_privacy_report(run_dir.privacy, report)
 
 
 def evaluate_sets(ctx: StepContext, embedder: Embedder, test: LabelledTexts,

@@ -167,7 +167,8 @@ class PrivacyPlan:
         """The data holder opens the private records at all (zero-shot and FuseGen without a private final stage
         never do)."""
         method = self.method
-        return method.uses_private_data or method.label_release() is not None or has_private_final_stage(self.config)
+        return (method.reads_private_data(method.options) or method.label_release() is not None
+                or has_private_final_stage(self.config))
 
     def assumptions(self) -> Assumptions:
         own = self.method.assumptions()

@@ -1,0 +1,54 @@
+"""Model files are told apart by content, not by name and size: the request cache keys answers by model_id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dpsynth.llm.model_files import file_fingerprint, folder_fingerprint
+
+
+@pytest.mark.parametrize("where", [0, 0.5, 1.0], ids=["header", "middle layers", "last tensors"])
+def test_two_files_of_one_name_and_size_differ_where_their_weights_do(where: float, tmp_path: Path) -> None:
+    """Two fine-tunes of one base, one quantisation: same size, other bytes in the header (the chat template), in
+    the middle layers or in the last tensors."""
+    body = bytearray(b"GGUF" + bytes(8 << 20))
+    a, b = tmp_path / "a" / "merged.gguf", tmp_path / "b" / "merged.gguf"
+    a.parent.mkdir()
+    a.write_bytes(body)
+    at = min(int(len(body) * where) + 8, len(body) - 1)
+    body[at] ^= 0xFF
+    b.parent.mkdir()
+    b.write_bytes(body)
+    assert a.stat().st_size == b.stat().st_size
+    assert file_fingerprint(a) != file_fingerprint(b)
+    body[at] ^= 0xFF
+    b.write_bytes(body)
+    assert file_fingerprint(a) == file_fingerprint(b)  # same content, anywhere: the same model
+
+
+def test_a_model_folder_changes_with_its_weights_or_chat_template_not_its_notes(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"w" * 100)
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    (tmp_path / "README.md").write_text("notes")
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": "a"}')
+    before = folder_fingerprint(tmp_path)
+    (tmp_path / "README.md").write_text("other notes")
+    assert folder_fingerprint(tmp_path) == before
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": "b"}')  # another chat template
+    assert folder_fingerprint(tmp_path) != before
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": "a"}')
+    assert folder_fingerprint(tmp_path) == before
+    (tmp_path / "model.safetensors").write_bytes(b"v" * 100)  # retrained in place
+    assert folder_fingerprint(tmp_path) != before
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct"])
+def test_a_local_gguf_generator_names_its_file_content(name: str) -> None:
+    from dpsynth.llm.llama_cpp_backend import LlamaCppGenerator
+    from dpsynth.llm.local_models import resolve_local_model
+
+    path, _ = resolve_local_model(name)
+    gen = LlamaCppGenerator(path, n_ctx=256, n_threads=1)
+    assert gen.model_id == f"llama_cpp:{path.name}:{file_fingerprint(path)}"
