@@ -84,14 +84,19 @@ class _Live:
         self.synthetic_embeddings.close()
 
 
+def _request_caches(generators: dict[str, CachedGenerator]) -> list:
+    """The request caches behind the run's generators, each once (they usually share one file)."""
+    return list({id(g.cache): g.cache for g in generators.values()}.values())
+
+
 def _close_request_caches(generators: dict[str, CachedGenerator]) -> None:
-    for cache in {id(g.cache): g.cache for g in generators.values()}.values():
+    for cache in _request_caches(generators):
         cache.close()
 
 
 def _sync_request_caches(generators: dict[str, CachedGenerator]) -> None:
     """Before a private release: the answers its candidates came from survive a power loss as the release will."""
-    for cache in {id(g.cache): g.cache for g in generators.values()}.values():
+    for cache in _request_caches(generators):
         cache.sync()
 
 
