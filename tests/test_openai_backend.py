@@ -380,10 +380,12 @@ def test_wasp_completes_through_a_proxy_that_breaks_30_percent_of_answers(llama_
 
 
 class _Echo(BaseHTTPRequestHandler):
-    """Answers each chat request with its own user message; the first `fail_first` requests get a 503."""
+    """Answers each chat request with its own user message; the first `fail_first` requests get a 503; the
+    request "refused" gets a 400, once a request starting with `refuse_when_arrived` has arrived (if set)."""
 
     protocol_version = "HTTP/1.1"
     fail_first = 0
+    refuse_when_arrived = ""
     delay = 0.0
     lock = threading.Lock()
 
@@ -398,6 +400,11 @@ class _Echo(BaseHTTPRequestHandler):
             _Echo.in_flight += 1
             _Echo.most_in_flight = max(_Echo.most_in_flight, _Echo.in_flight)
         time.sleep(_Echo.delay)
+        if asked["messages"][-1]["content"] == "refused" and _Echo.refuse_when_arrived:
+            deadline = time.monotonic() + 30  # however late a busy machine starts the call it must stop
+            while time.monotonic() < deadline and not any(
+                    m.startswith(_Echo.refuse_when_arrived) for m in list(_Echo.arrived)):
+                time.sleep(0.005)
         with _Echo.lock:
             _Echo.in_flight -= 1
             fail, _Echo.fail_first = _Echo.fail_first > 0, max(0, _Echo.fail_first - 1)
@@ -660,12 +667,15 @@ def test_a_request_that_gives_up_is_the_error_of_every_call_it_stopped(processes
 
     with _echo_server(delay=0.05) as url:
         gen = OpenAICompatGenerator("m", base_url=url, processes=processes, max_concurrency=4)
-
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            calls = [pool.submit(batch_later), pool.submit(_one_later, gen, "refused", 0.0)]
-            for call in calls:
-                with pytest.raises(DpsynthError, match="HTTP 400 \\(content filter says no\\)"):
-                    call.result()
+        _Echo.refuse_when_arrived = "t"  # the refusal comes back only once the batch is in flight
+        try:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                calls = [pool.submit(batch_later), pool.submit(_one_later, gen, "refused", 0.0)]
+                for call in calls:
+                    with pytest.raises(DpsynthError, match="HTTP 400 \\(content filter says no\\)"):
+                        call.result()
+        finally:
+            _Echo.refuse_when_arrived = ""
         assert len(_Echo.arrived) < 30
         # the next call is not stopped by that failure
         assert [r.text for r in gen.generate([GenerationRequest(messages=(("user", "again"),))])] == ["again"]
