@@ -62,11 +62,68 @@ def test_clip_range_bounds_the_clipping_probability_and_quantization_cannot_over
         assert parties * quantization_range(parties) <= MODULUS_RANGE // 4
 
 
+def test_a_run_without_a_clipping_reserve_still_clips_its_fixed_noise_to_a_finite_range() -> None:
+    """epsilon = inf reserves no delta for clipping, yet a fixed-sigma release (the DP label histogram's sigma 10)
+    is still noised at every party: its range must be finite, or quantising turns every count into -inf."""
+    from flwr.common.secure_aggregation.quantization import dequantize, quantize
+
+    spec = VoteSpec(kind="rank")
+    c = clip_range(spec, max_records=64, party_sigma=10 / math.sqrt(3), parties=3, length=6, failure_probability=0.0)
+    assert math.isfinite(c) and c > 64
+    counts = np.array([3.0, 5.0])
+    back = dequantize(quantize([counts], c, quantization_range(3)), c, quantization_range(3))[0]
+    assert np.allclose(back, counts, atol=2 * c / quantization_range(3))
+
+
+def test_the_roster_asks_the_parties_connected_when_the_timeout_ends_instead_of_waiting_a_day() -> None:
+    """Every round goes through the roster (the preflight's party ids). With a party offline, the roster waited
+    for it with Flower's default of a day; now it waits `federated.timeout` and asks the parties connected (the
+    round's own threshold then decides), and refuses no node or more nodes than parties in one line."""
+    from flwr.common import ndarrays_to_parameters
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.client_proxy import ClientProxy
+
+    from dpsynth.federated.flower_secagg import _sum_strategy
+
+    class Node(ClientProxy):
+        get_properties = get_parameters = fit = evaluate = reconnect = None  # never called here
+
+    def instructions(connected: int) -> list:
+        manager = SimpleClientManager()
+        for i in range(connected):
+            manager.register(Node(str(i)))
+        settings = FederationSettings(parties=3, min_parties=2, secure=True, max_records=10, timeout=0.2)
+        strategy = _sum_strategy([np.zeros(1, np.float32)], {"round": "roster"}, settings, None)
+        return strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1, np.float32)]), manager)
+
+    assert sorted(proxy.cid for proxy, _ in instructions(2)) == ["0", "1"]
+    assert len(instructions(3)) == 3
+    with pytest.raises(FederationError, match="no party connected within federated.timeout=0.2 s"):
+        instructions(0)
+    with pytest.raises(FederationError, match="4 nodes are connected for a run of 3 parties"):
+        instructions(4)
+
+
 def test_party_refuses_more_records_than_the_public_bound() -> None:
     shard = PartyShard(0, np.zeros((5, 4), np.float32), np.zeros(5, np.int64))
     with pytest.raises(DpsynthError, match="max_records_per_party=4"):
         noisy_votes(shard, VoteSpec(kind="rank"), np.zeros((3, 4), np.float32), np.zeros(3, np.int64),
                     release="r", party_sigma=1.0, max_records=4, noise_seed=0)
+
+
+def test_party_refuses_candidates_of_another_embedder_before_its_charge() -> None:
+    """Candidates of another dimension than the party's embeddings fail in the check a party runs before its
+    ledger is charged (`party_client_app`; they failed inside the vote, after the charge); label counts'
+    placeholder candidates pass."""
+    from dpsynth.federated.party import check_vote_request
+
+    shard = PartyShard(0, np.zeros((5, 4), np.float32), np.zeros(5, np.int64))
+    with pytest.raises(DpsynthError, match="the candidates have 3 dimensions, its records' embeddings 4"):
+        check_vote_request(shard, VoteSpec(kind="rank"), np.zeros((2, 3), np.float32), np.zeros(2, np.int64))
+    with pytest.raises(DpsynthError, match="one label per candidate"):
+        noisy_votes(shard, VoteSpec(kind="rank"), np.zeros((3, 4), np.float32), np.zeros(2, np.int64),
+                    release="r", party_sigma=1.0, max_records=10, noise_seed=0)
+    check_vote_request(shard, VoteSpec(kind="label_counts"), np.zeros((2, 1), np.float32), np.arange(2))
 
 
 def test_federated_config_errors_are_clear() -> None:
@@ -77,6 +134,9 @@ def test_federated_config_errors_are_clear() -> None:
     parse_config({**base, "privacy": {"label_proportions": "dp"}, "federated": {"parties": 3}})
     with pytest.raises(DpsynthError, match="exceeds parties"):
         parse_config({**base, "federated": {"parties": 3, "min_parties": 4}})
+    # deployed parties refuse plain vote rounds: refused before anything is charged, not at the first round
+    with pytest.raises(DpsynthError, match="needs aggregation 'secagg\\+'"):
+        parse_config({**base, "federated": {"parties": 3, "partition": "nodes", "aggregation": "plain"}})
 
 
 def _received_arrays(message) -> list[np.ndarray]:
@@ -174,7 +234,8 @@ def test_a_party_past_the_public_bound_stops_the_run_before_any_release() -> Non
 
 def test_a_partys_failure_reaches_the_server_as_its_dpsynth_message_only() -> None:
     """As a deployed SuperNode sends it (the exception's own text, no chained cause), as the simulation's Ray
-    traceback ends, and for another library's error only its kind (its message could quote the party's data)."""
+    traceback ends, and for another library's error only its kind (its message could quote the party's data), in the
+    preflight's error and in a failed round's."""
     from dpsynth.federated.flower_secagg import party_reason
 
     message = "party 3 holds more records than federated.max_records_per_party=10"
@@ -185,6 +246,11 @@ def test_a_partys_failure_reaches_the_server_as_its_dpsynth_message_only() -> No
     other = "Error(code=2, reason=\"<class 'ValueError'>:<'could not convert string to float: \\'Jane Doe\\''>\")"
     assert party_reason(deployed) == message and party_reason(simulated) == message
     assert party_reason(other) == "ValueError (the party's own log has its message)"
+    # a vote or training round that fails reports its parties' errors the same way (it quoted 200 raw characters)
+    from dpsynth.federated.flower_secagg import _party_errors
+
+    assert _party_errors([other, deployed]) == f"; party errors: {party_reason(other)}; {message}"
+    assert _party_errors([]) == ""
 
 
 def test_secagg_rounds_of_a_party_group_and_label_counts_hide_single_parties() -> None:

@@ -97,17 +97,26 @@ def test_training_round_is_charged_on_the_party_ledger_before_it_runs(tmp_path: 
                         trained.append(config["noise_multiplier"]) or adapter)
     request = AdapterTraining(model="m.gguf", lora_r=4, lora_alpha=8, steps=3, sampling_rate=0.2, clip_norm=1.0,
                               learning_rate=1e-3, max_length=16, prompts={"a": "A:"})
-    shard = PartyShard(party_id=0, embeddings=np.zeros((1, 2), np.float32), label_ids=np.zeros(1, np.int64))
+    shard = PartyShard(party_id=0, embeddings=np.zeros((1, 2), np.float32), label_ids=np.zeros(1, np.int64),
+                       texts=("a text",))
 
-    def answer(noise: float, ledger: PartyLedger | None) -> np.ndarray:
+    def answer(noise: float, ledger: PartyLedger | None, of: PartyShard = shard) -> np.ndarray:
         config = {"request": request.model_dump_json(), "release": "train", "round_index": 0,
                   "noise_multiplier": noise, "max_records": max_records}
-        return party_training.training_answer(shard, np.ones(2, np.float32), config, ledger=ledger, noise_seed=None)
+        return party_training.training_answer(of, np.ones(2, np.float32), config, ledger=ledger, noise_seed=None)
 
-    max_records = 0  # the one record is past the bound: refused before the ledger is charged
+    # what can fail without the noise fails before the charge: a refused answer costs nothing
+    max_records = 10
+    refused = PartyLedger(tmp_path / "refused.json", 4.0, DELTA)
+    with pytest.raises(Exception, match="m.gguf"):  # the party cannot load the server's model path
+        answer(1.5, refused)
+    monkeypatch.setattr(party_training, "_model", lambda request: (None, None))
+    with pytest.raises(DpsynthError, match="party 0 has no texts to train on"):
+        answer(1.5, refused, PartyShard(party_id=0, embeddings=shard.embeddings, label_ids=shard.label_ids))
+    max_records = 0  # the one record is past the bound
     with pytest.raises(DpsynthError, match="party 0 holds more records than federated.max_records_per_party=0"):
-        answer(1.5, PartyLedger(tmp_path / "over.json", 4.0, DELTA))
-    assert trained == [] and PartyLedger(tmp_path / "over.json", 4.0, DELTA).spent() == 0.0
+        answer(1.5, refused)
+    assert trained == [] and refused.spent() == 0.0
     max_records = 10
 
     deployed = PartyLedger(tmp_path / "p.json", 4.0, DELTA)
@@ -157,6 +166,50 @@ def test_deployed_party_reads_its_budget_from_node_config(tmp_path: Path) -> Non
     default = party_ledger(SimpleNamespace(node_config={"data-path": str(data),
                                                         "privacy-ledger": str(tmp_path / "l.json")}))
     assert (default.path, default.epsilon, default.delta) == (tmp_path / "l.json", math.inf, 1e-5)
+
+
+def test_deployed_party_reads_its_adjacency_from_node_config(tmp_path: Path) -> None:
+    node = {"data-path": str(tmp_path / "party.csv")}
+    assert party_ledger(SimpleNamespace(node_config=node)).adjacency == Adjacency.ADD_REMOVE
+    assert party_ledger(SimpleNamespace(node_config={**node, "adjacency": "replace"})).adjacency == Adjacency.REPLACE
+    with pytest.raises(DpsynthError, match="give add_remove or replace"):
+        party_ledger(SimpleNamespace(node_config={**node, "adjacency": "swap"}))
+
+
+def test_a_party_ledger_must_count_neighbours_at_least_as_strictly_as_the_run(tmp_path: Path) -> None:
+    """Replace neighbours have the larger sensitivities: a party counting add/remove under a run planned for
+    replace would report less than the run for the same answers (the party's budget then refused too late)."""
+    from dpsynth.federated.flower_secagg import check_party_ledger
+
+    add_remove = PartyLedger(tmp_path / "a.json", 8.0, DELTA)
+    replace = PartyLedger(tmp_path / "r.json", 8.0, DELTA, Adjacency.REPLACE)
+    with pytest.raises(DpsynthError, match='adjacency="replace"'):
+        check_party_ledger(add_remove, "replace")
+    for ledger, run in ((add_remove, "add_remove"), (replace, "replace"), (replace, "add_remove"), (None, "replace")):
+        check_party_ledger(ledger, run)
+    # the stricter count is the larger figure for the same answer
+    for ledger in (add_remove, replace):
+        ledger.charge_votes(VoteSpec(kind="rank"), release="r", party_sigma=2.0, min_parties=2)
+    assert replace.spent() > add_remove.spent()
+
+
+def test_real_federation_preflight_refuses_a_party_ledger_looser_than_the_run(tmp_path: Path) -> None:
+    """A run planned for replace neighbours, parties whose ledgers count add/remove: the preflight stops the run
+    before any release, with the party's own one-line reason, and nothing is charged."""
+    rng = np.random.default_rng(3)
+    shards = [PartyShard(i, rng.normal(size=(5, 16)).astype(np.float32), rng.integers(0, 2, 5)) for i in range(3)]
+    candidates, cand_labels = rng.normal(size=(12, 16)).astype(np.float32), rng.integers(0, 2, 12)
+    settings = FederationSettings(parties=3, min_parties=3, secure=True, max_records=10, timeout=60, noise_seed=5,
+                                  adjacency="replace")
+
+    def program(aggregator):
+        return aggregator.aggregate(VoteRound("wasp.votes.1", VoteSpec(kind="wasp", q=2), candidates, cand_labels,
+                                              0.8, clip=25.0))
+
+    with pytest.raises(FederationError, match='did not pass the preflight.*adjacency="replace"'):
+        run_federation(shards, settings, program,
+                       ledger_for=lambda party: PartyLedger(tmp_path / f"party{party}.json", 8.0, DELTA))
+    assert not list(tmp_path.glob("party*.json"))
 
 
 def test_real_federation_parties_charge_their_own_ledgers_and_refuse_past_budget(tmp_path: Path) -> None:

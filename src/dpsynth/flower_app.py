@@ -30,6 +30,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.federated.flower_secagg import party_client_app
 from dpsynth.federated.party import PartyShard
 from dpsynth.federated.party_ledger import PartyLedger
+from dpsynth.privacy.accountant import Adjacency
 
 
 class _NodeShard:
@@ -94,12 +95,17 @@ server_app = _server_app()
 def party_ledger(context: Any) -> PartyLedger:
     """This SuperNode's own ledger (federated/party_ledger.py), from its node config: `privacy-ledger` (the
     file; default beside the data file), `epsilon` (the party's budget over every run on this file; default
-    inf: spend is recorded, not capped) and `delta` (default 1e-5). A deployed party never answers without
-    noise."""
+    inf: spend is recorded, not capped), `delta` (default 1e-5) and `adjacency` (add_remove, the default, or
+    replace: a run planned for replace neighbours is refused at its preflight by a party counting add/remove).
+    A deployed party never answers without noise."""
     config = context.node_config
     data = Path(str(config["data-path"]))
     path = Path(str(config.get("privacy-ledger", data.with_name(data.name + ".privacy-ledger.json"))))
-    return PartyLedger(path, float(config.get("epsilon", math.inf)), float(config.get("delta", 1e-5)))
+    adjacency = str(config.get("adjacency", Adjacency.ADD_REMOVE.value))
+    if adjacency not in {a.value for a in Adjacency}:
+        raise DpsynthError(f"node config adjacency={adjacency!r}: give add_remove or replace")
+    return PartyLedger(path, float(config.get("epsilon", math.inf)), float(config.get("delta", 1e-5)),
+                       Adjacency(adjacency))
 
 
 def party_device(context: Any) -> str:

@@ -19,6 +19,10 @@ from dpsynth.config import FederatedConfig
 from dpsynth.voting.spec import VoteSpec
 
 CLIP_DELTA_SHARE = 1e-3
+# A run with no delta to reserve (epsilon = inf) still adds fixed-sigma noise where a knob is fixed (e.g. the DP
+# label histogram's): its clipping need only be rare, and its range finite (quantising to an infinite range
+# turns every value into -inf).
+UNRESERVED_CLIP_PROBABILITY = 1e-9
 
 
 def clip_delta(config: FederatedConfig | None, delta: float, epsilon: float) -> float:
@@ -41,10 +45,12 @@ def clip_range(spec: VoteSpec, max_records: int, party_sigma: float, parties: in
 
     A party's clean bin is at most max_records * (largest vote per record); each of the
     parties * length noise draws exceeds z * party_sigma in absolute value with
-    probability 2 * Phi(-z) (union bound).
+    probability 2 * Phi(-z) (union bound). No reserve (failure_probability 0, an epsilon = inf run) takes
+    UNRESERVED_CLIP_PROBABILITY.
     """
     bound = max_records * spec.max_bin_vote()
     if party_sigma == 0.0:
         return bound + 1.0
-    z = float(norm.isf(failure_probability / (2.0 * parties * length)))
+    probability = failure_probability if failure_probability > 0 else UNRESERVED_CLIP_PROBABILITY
+    z = float(norm.isf(probability / (2.0 * parties * length)))
     return bound + z * party_sigma

@@ -34,8 +34,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dpsynth.errors import DpsynthError
-from dpsynth.federated.party import PartyShard, check_party_size, noisy_votes
+from dpsynth.federated.party import PartyShard, check_party_size, check_vote_request, noisy_votes
 from dpsynth.federated.party_ledger import PartyLedger
+from dpsynth.privacy.accountant import Adjacency
 from dpsynth.voting.spec import VoteSpec
 
 T = TypeVar("T")
@@ -96,6 +97,7 @@ class FederationSettings:
     timeout: float
     noise_seed: int | None = None
     party_data: dict[str, str] = field(default_factory=dict)  # how a deployed party reads its own file
+    adjacency: str = "add_remove"  # the run's: a deployed party's own ledger must count at least as strictly
     device: str = "cpu"  # where a simulated party's DP training runs ('cpu' or 'cuda': the run's, resolved)
 
 
@@ -161,16 +163,18 @@ def _sum_strategy(arrays: list[np.ndarray], config: dict, settings: FederationSe
             return instructions
 
         def _instructions(self, server_round, parameters, client_manager):
-            if nodes is None:
-                instructions = super().configure_fit(server_round, parameters, client_manager)
-                # Flower asks every node connected when it sizes the round; more may have joined while it waited
-                connected = max(len(instructions), client_manager.num_available())
-                if connected > settings.parties:
+            if nodes is None:  # the roster: every node connected once all parties are, or when the timeout ends
+                # (Flower's own sampler would wait for all of them for up to a day)
+                client_manager.wait_for(settings.parties, timeout=settings.timeout)
+                proxies = list(client_manager.all().values())
+                if len(proxies) > settings.parties:
                     raise FederationError(
-                        f"{connected} nodes are connected for a run of {settings.parties} parties: a party answering "
-                        "from two nodes would vote its records twice; stop the extra SuperNodes (a restarted one's "
-                        "stale node leaves after Flower's heartbeat expires: then resume the run)")
-                return instructions
+                        f"{len(proxies)} nodes are connected for a run of {settings.parties} parties: a party "
+                        "answering from two nodes would vote its records twice; stop the extra SuperNodes (a "
+                        "restarted one's stale node leaves after Flower's heartbeat expires: then resume the run)")
+                if not proxies:
+                    raise FederationError(f"no party connected within federated.timeout={settings.timeout:g} s")
+                return [(proxy, FitIns(parameters, dict(config))) for proxy in proxies]
             client_manager.wait_for(len(nodes), timeout=settings.timeout)
             by_node = {proxy.node_id: proxy for proxy in client_manager.all().values()}
             missing = [n for n in nodes if n not in by_node]
@@ -269,9 +273,13 @@ class FlowerAggregator:
         unmasking."""
         s = self.settings
         self.preflight()
-        nodes = None if vote_round.parties is None else self.nodes_of(vote_round.parties)
-        asked = s.parties if nodes is None else len(nodes)
+        # every round goes to parties that passed the preflight (a node that joined later is asked the roster first)
+        nodes = self.nodes_of(tuple(range(s.parties)) if vote_round.parties is None else vote_round.parties)
+        asked = len(nodes)
         fewest = vote_round.min_parties or s.min_parties
+        if asked < fewest:
+            raise FederationError(f"round {vote_round.release}: {asked} parties connected, fewer than "
+                                  f"min_parties={fewest}; nothing was released")
         arrays = [np.asarray(vote_round.candidates, dtype=np.float32), np.asarray(vote_round.candidate_labels)]
         workflow = _secagg_workflow(vote_round, s, asked, fewest, on_exposed) if s.secure else None
         result, strategy = self._round(arrays, _vote_config(vote_round, s), nodes, workflow, on_exposed=on_exposed)
@@ -279,7 +287,7 @@ class FlowerAggregator:
             raise FederationError(
                 f"round {vote_round.release}: no aggregate ({strategy.contributors} of {asked} parties "
                 f"contributed, at least {fewest} required); nothing was released"
-                + (f"; party errors: {[str(f)[:200] for f in strategy.failures]}" if strategy.failures else ""))
+                + _party_errors(strategy.failures))
         if strategy.contributors < fewest:  # plain mode has no protocol-level check
             raise FederationError(
                 f"round {vote_round.release}: {strategy.contributors} parties answered, fewer than "
@@ -301,7 +309,7 @@ class FlowerAggregator:
         if strategy.total is None:
             raise FederationError(
                 f"training round {train_round.round_index}: no training party answered"
-                + (f"; party errors: {[str(f)[:200] for f in strategy.failures]}" if strategy.failures else ""))
+                + _party_errors(strategy.failures))
         result.total = result.total / strategy.contributors
         return result
 
@@ -322,7 +330,8 @@ class FlowerAggregator:
 
     def _ask_roster(self) -> dict[int, int]:
         """Party id -> node id of the connected parties, each having passed its checks (`preflight`)."""
-        config = {"round": "roster", "max_records": int(self.settings.max_records), **self.settings.party_data}
+        config = {"round": "roster", "max_records": int(self.settings.max_records),
+                  "adjacency": self.settings.adjacency, **self.settings.party_data}
         _, strategy = self._round([np.zeros(1, dtype=np.float32)], config, None, None, plain=True)
         if strategy.failures:
             raise FederationError(
@@ -353,6 +362,20 @@ class FlowerAggregator:
         total = np.asarray(strategy.total, dtype=np.float64) if strategy.total is not None else np.zeros(0)
         return RoundResult(total=total, contributors=strategy.contributors, bytes_down=down, bytes_up=up,
                            seconds=time.perf_counter() - t0), strategy
+
+
+def check_party_ledger(ledger: PartyLedger | None, run_adjacency: str) -> None:
+    """The preflight's check of a deployed party's own ledger (built here, so a bad budget in its node config
+    stops the run before any release): it must count neighbours at least as strictly as the run (replace
+    neighbours have the larger sensitivities), or its figure could fall below the run's for the same answers."""
+    if ledger is not None and run_adjacency == "replace" and ledger.adjacency != Adjacency.REPLACE:
+        raise DpsynthError("this party's ledger counts add/remove neighbours and the run is planned for replace: "
+                           "set adjacency=\"replace\" in its node config")
+
+
+def _party_errors(failures: list) -> str:
+    """The parties' failures for a round's error, each one line (`party_reason`), or nothing."""
+    return f"; party errors: {'; '.join(party_reason(f) for f in failures)}" if failures else ""
 
 
 def party_reason(failure: Any) -> str:
@@ -403,6 +426,7 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
             shard = shard_for(self.context, config)
             if kind == "roster":  # the preflight: the party's own checks, then its id
                 check_party_size(shard, int(config["max_records"]))
+                check_party_ledger(ledger_for(self.context), str(config.get("adjacency", "add_remove")))
                 return [np.array([shard.party_id], dtype=np.float64)], 1, {}
             if kind == "train":
                 from dpsynth.federated.party_training import training_answer
@@ -416,7 +440,9 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
             spec = VoteSpec.model_validate_json(str(config["spec"]))
             party_sigma = float(config["party_sigma"])
             ledger = ledger_for(self.context)
-            check_party_size(shard, int(config["max_records"]))  # before charging: a refused answer costs nothing
+            # before charging: a refused answer costs nothing
+            check_party_size(shard, int(config["max_records"]))
+            check_vote_request(shard, spec, candidates, labels)
             if ledger is not None:
                 ledger.charge_votes(spec, release=str(config["release"]), party_sigma=party_sigma,
                                     min_parties=int(config["min_parties"]))

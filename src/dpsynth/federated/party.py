@@ -38,6 +38,19 @@ def check_party_size(shard: PartyShard, max_records: int) -> None:
         )
 
 
+def check_vote_request(shard: PartyShard, spec: VoteSpec, candidates: np.ndarray,
+                       candidate_labels: np.ndarray) -> None:
+    """What the party can check of a vote request before it is charged (a refused answer costs nothing):
+    one label per candidate, and candidates in its embeddings' space (label counts' are placeholders)."""
+    candidates = np.asarray(candidates)
+    if candidates.ndim != 2 or len(candidates) != len(candidate_labels):
+        raise DpsynthError(f"party {shard.party_id}: a vote round needs one label per candidate embedding")
+    if spec.kind != "label_counts" and len(shard) and candidates.shape[1] != shard.embeddings.shape[1]:
+        raise DpsynthError(f"party {shard.party_id}: the candidates have {candidates.shape[1]} dimensions, its "
+                           f"records' embeddings {shard.embeddings.shape[1]}: the run and the party must use one "
+                           "embedder")
+
+
 def noisy_votes(
     shard: PartyShard,
     spec: VoteSpec,
@@ -51,6 +64,7 @@ def noisy_votes(
 ) -> np.ndarray:
     """The party's votes + N(0, party_sigma^2 I), one independent stream per (release, party)."""
     check_party_size(shard, max_records)
+    check_vote_request(shard, spec, candidates, candidate_labels)
     if spec.sampling_rate < 1:
         # Only the central data holder draws Poisson subsamples; a party votes with every record, so a
         # release accounted as subsampled must never be answered here.

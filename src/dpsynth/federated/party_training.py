@@ -31,9 +31,12 @@ def training_answer(shard: PartyShard, adapter: np.ndarray, config: Any, *, ledg
 
     Without a party ledger (a simulation, where the run's ledger is the only one and already holds the
     release, noiseless at epsilon = inf) the round runs as the run asked; a deployed party always has one."""
-    check_party_size(shard, int(config["max_records"]))  # before charging: a refused answer costs nothing
+    # before charging, what can fail without the party's noise: a refused answer costs nothing
+    check_party_size(shard, int(config["max_records"]))
+    check_training_shard(shard)
+    request = AdapterTraining.model_validate_json(str(config["request"]))
+    _model(request)  # loaded (once per process) before the charge: a wrong model path is not paid for
     if ledger is not None:
-        request = AdapterTraining.model_validate_json(str(config["request"]))
         ledger.charge_training(release=str(config["release"]), round_index=int(config["round_index"]),
                                steps=request.steps, sampling_rate=request.sampling_rate,
                                noise_multiplier=float(config["noise_multiplier"]))
@@ -52,8 +55,7 @@ def local_update(shard: PartyShard, adapter: np.ndarray, config: Any, *, noise_s
 
     request = AdapterTraining.model_validate_json(str(config["request"]))
     check_party_size(shard, int(config["max_records"]))
-    if len(shard.texts) != len(shard):
-        raise DpsynthError(f"party {shard.party_id} has no texts to train on (its shard holds embeddings only)")
+    check_training_shard(shard)
     labels = json.loads(str(config["labels"]))
     if request.threads is not None:
         torch.set_num_threads(request.threads)
@@ -69,6 +71,11 @@ def local_update(shard: PartyShard, adapter: np.ndarray, config: Any, *, noise_s
     trained = train_adapter(model, tokenizer, prompts, list(shard.texts), settings, checkpoint_dir=None,
                             device=device)
     return (trained - np.asarray(adapter, dtype=np.float32)).astype(np.float32)
+
+
+def check_training_shard(shard: PartyShard) -> None:
+    if len(shard.texts) != len(shard):
+        raise DpsynthError(f"party {shard.party_id} has no texts to train on (its shard holds embeddings only)")
 
 
 def _model(request: AdapterTraining) -> tuple[Any, Any]:

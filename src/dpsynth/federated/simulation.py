@@ -39,6 +39,7 @@ def settings_for(config: RunConfig, holder: FederatedHolder, labels: list[str], 
         # deployed parties always draw secure noise: a seed known to the server would let it remove the noise
         noise_seed=None if deployed else config.privacy.noise_seed,
         device="cpu" if deployed else resolve_device(config.device),  # deployed parties choose their own
+        adjacency=config.privacy.adjacency.value,
         party_data={"text_column": config.data.text_column, "label_column": config.data.label_column,
                     "labels": json.dumps(labels),
                     "embedder": config.embedder},
