@@ -145,6 +145,18 @@ def test_config_errors(tmp_path: Path) -> None:
         parse_config({**base, "wasp": {"q": "many"}})
     with pytest.raises(DpsynthError, match="give data.private"):
         parse_config({**base, "data": {}})
+    # a test file beside a corpus was ignored (the corpus' split evaluated the run): refused
+    with pytest.raises(DpsynthError, match="data.test is not used with data.corpus"):
+        parse_config({**base, "data": {"corpus": "trec", "m": 60, "test": "mine.csv"}})
+
+
+def test_a_bench_config_given_as_a_run_config_says_so(tmp_path: Path) -> None:
+    from dpsynth.runs.config import load_config
+
+    bench = tmp_path / "grid.yaml"
+    bench.write_text("name: g\nbase: {data: {corpus: trec, m: 60}}\nvariants: [{name: a, method: zero-shot}]\n")
+    with pytest.raises(DpsynthError, match="is a bench config \\(base, variants\\): run or plan its cells with"):
+        load_config(bench)
 
 
 def test_a_data_file_given_as_the_config_says_so(tmp_path: Path) -> None:

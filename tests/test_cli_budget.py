@@ -27,6 +27,22 @@ def test_wasp_epsilon_of_paper_sigma() -> None:
     assert "epsilon spent: 1.2867" in out  # PRIVACY.md: 1.287
 
 
+@pytest.mark.parametrize("args, others", [
+    (("dpga",), "labels_scale, lengths_scale, keywords_scale, svt_scale"),
+    (("wasp", "--resample-share", "0.2"), "resample_sigma"),
+    (("fedgen", "--parties", "5"), "vote_sigma, label_sigma"),
+])
+def test_sigma_is_refused_where_other_knobs_are_sized_from_epsilon(args: tuple[str, ...], others: str) -> None:
+    """--sigma sets one knob; the others (shares of epsilon, a second calibrated knob) had nothing to be sized
+    from: they printed as 0, and the epsilon as inf beside an RDP figure of the other releases alone."""
+    done = subprocess.run([sys.executable, "-m", "dpsynth", "budget", *args, "--sigma", "5"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and f"also sizes {others} from epsilon" in done.stderr
+    assert "epsilon spent" not in done.stdout
+    # a fixed second noise is fine: every knob has a value
+    assert "epsilon spent: 3.0674" in _budget("wasp", "--sigma", "5", "--resample-sigma", "3")
+
+
 def test_augpe() -> None:
     out = _budget("augpe", "--epsilon", "1", "--delta", "1e-5", "--iterations", "11")
     assert "10 noisy releases" in out and "vote_sigma: 11.797" in out

@@ -97,6 +97,19 @@ def test_a_schedule_that_forgot_the_person_bound_is_refused(tmp_path: Path) -> N
     assert built.records_per_unit == 3
 
 
+def test_subsampled_votes_of_persons_are_refused_by_the_holder_itself(tmp_path: Path) -> None:
+    """The holder's Poisson mask samples records: with persons of several records it would not be the per-person
+    rate the event states. DPGA's config refuses that pairing; the holder refuses it too, before any charge."""
+    record = parse_config(_config(tmp_path, "dpga"))  # q=0.8, record level
+    person = parse_config(_config(tmp_path, "augpe", max_records_per_user=3))
+    ledger = PrivacyLedger(2.0, 1e-5)
+    holder = _holder(person, ledger, records_per_unit=3, schedule_of=record)
+    with pytest.raises(ValueError, match="sample records, not persons"):
+        holder.noisy_votes(VoteSpec(kind="rank", weights=(1.0,), sampling_rate=0.8), CANDIDATES, LABELS,
+                           release=("dpga.votes", 1))
+    assert not ledger.events
+
+
 def test_the_federated_holder_refuses_them_before_asking_the_parties(tmp_path: Path) -> None:
     raw = _config(tmp_path, "wasp")
     raw["federated"] = {"parties": 2, "partition": "iid"}

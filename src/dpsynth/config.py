@@ -134,6 +134,9 @@ class DataConfig(Section):
             raise ValueError(f"give one source of private data, not {' and '.join(given)}")
         if self.corpus is not None and self.m is None:
             raise ValueError("data.m (number of private samples) is required with data.corpus")
+        if self.corpus is not None and self.test is not None:  # it was ignored: the corpus' split evaluated the run
+            raise ValueError("data.test is not used with data.corpus (the corpus' own test split evaluates the run): "
+                             "remove data.test")
         columns = [c for c in (self.text_column, self.label_column, self.person_column) if c is not None]
         if len(set(columns)) < len(columns):  # a label column that is the text column lists every private text
             raise ValueError(f"data.text_column, data.label_column and data.person_column must name different "
@@ -176,9 +179,11 @@ class PrivacyConfig(Section):
         "each person's summed gradient instead)")
     label_proportions: Literal["uniform", "dp"] | dict[str, float] | None = Field(
         None, description="uniform, public proportions {label: share}, or 'dp' (noisy label counts, accounted); "
-        "unset: the method's default (uniform, except DPGA which releases its own DP label histogram)"
+        "unset: the method's default (uniform, except DPGA and fedgen, which release their own DP label "
+        "histogram: DPGA's Laplace share of dpga.budget_attributes, fedgen's profile at fedgen.profile_share)"
     )
-    label_histogram_sigma: float = Field(10.0, gt=0, description="noise of the DP label histogram ('dp' only)")
+    label_histogram_sigma: float = Field(10.0, gt=0, description="Gaussian noise of the DP label histogram of "
+                                         "label_proportions 'dp' (not DPGA's or fedgen's own histograms)")
     noise_seed: int | None = Field(None, description="reproducible noise for experiments: NOT FOR RELEASE")
 
     @field_validator("epsilon")
@@ -224,6 +229,11 @@ class FederatedConfig(Section):
             raise ValueError(f"federated.min_parties={self.min_parties} exceeds parties={self.parties}")
         if self.partition == "files" and len(self.party_files or []) != self.parties:
             raise ValueError("federated.partition 'files' needs party_files with one file per party")
+        if self.partition == "nodes" and self.aggregation == "plain":
+            # a deployed party answers vote rounds only through SecAgg+ (flower_app.py): refused here, before
+            # the server's ledger is charged for a round every party would refuse
+            raise ValueError("federated.partition 'nodes' needs aggregation 'secagg+': deployed parties answer "
+                             "vote rounds only through SecAgg+")
         return self
 
     @property

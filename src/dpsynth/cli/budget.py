@@ -113,7 +113,7 @@ def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
         typer.echo("this configuration releases nothing private: epsilon 0")
         return
     start = time.perf_counter()
-    knobs = plan.calibrate() if vote_sigma is None else plan.calibrate() | {_free_knob(plan): vote_sigma}
+    knobs = plan.calibrate() if vote_sigma is None else _with_sigma(plan, vote_sigma)
     took = time.perf_counter() - start
     description = plan.describe(knobs)
     for k in description["knobs"]:
@@ -130,7 +130,7 @@ def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
         typer.echo(f"  true epsilon at the paper's value: {paper['epsilon_of_paper_value']:.3f}; "
                    f"paper / tight = {ratio:.2f}x")
     spent = plan.epsilon_of(knobs)
-    rdp = plan.epsilon_rdp_of(knobs)
+    rdp = plan.epsilon_rdp_of(knobs) if all(v > 0 for v in knobs.values()) else None  # not of a part of the run
     events = plan.schedule.events(knobs) if all(v > 0 for v in knobs.values()) else []
     accountant = primary_accountant(events, short=True) if events else "PLD"
     reserve = cfg.privacy.delta - plan.accounting_delta
@@ -151,7 +151,7 @@ def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
             if not row["releases"] or row["party_value"] is None:
                 continue
             shares[row["name"]] = row["party_value"]
-            how = ("the full noise (local DP-SGD)" if row["party_value"] == row["value"] else
+            how = ("the full noise (local DP-SGD)" if row["party_value"] == row["value"] > 0 else
                    "its share; the sum carries the full noise when enough parties answer")
             typer.echo(f"federated: each party adds {row['name']} {row['party_value']:.3f}, {how}")
         typer.echo(f"  (shares sized for {fewest} surviving parties of {parties}); shares are private only under "
@@ -159,11 +159,19 @@ def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
                    f"{plan.epsilon_of({**knobs, **shares}):.3f}")
 
 
-def _free_knob(plan: PrivacyPlan) -> str:
+def _with_sigma(plan: PrivacyPlan, sigma: float) -> dict[str, float]:
+    """The knobs with `sigma` on the plan's one calibrated knob. A plan with another knob to size (a share of
+    epsilon, a second calibrated knob) has no epsilon to size it from here: refused (its knobs came out 0 and the
+    epsilon printed was inf, beside an RDP figure of the other releases alone)."""
     free = [k.name for k in plan.schedule.knobs if k.free]
+    shared = [k.name for k in plan.schedule.knobs if k.share is not None]
     if not free:
         raise DpsynthError("--sigma needs a schedule with a calibrated noise knob")
-    return free[0]
+    if shared or len(free) > 1:
+        others = ", ".join(free[1:] + shared)
+        raise DpsynthError(f"--sigma sets {free[0]} only, and this plan also sizes {others} from epsilon: give "
+                           "--epsilon instead, or plan a run config whose noise is all fixed with --config")
+    return plan.calibrate() | {free[0]: sigma}
 
 
 def _names(schedule) -> str:

@@ -71,7 +71,8 @@ def run(
 
 
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Run directory."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run directory (default: runs/demo, with --wasp "
+                                    "runs/demo-wasp)."),
     n: int | None = typer.Option(None, "--n", help="Override the number of synthetic samples."),
     wasp: bool = typer.Option(False, "--wasp", help="Run WASP on Rotten Tomatoes instead (M=100, eps=4)."),
 ) -> None:
@@ -85,9 +86,16 @@ def demo(
     if n is not None:
         raw[raw.get("method", "wasp")]["n"] = n
     config = parse_config(raw, "demo config")
+    from dpsynth.fs import RunDir
     from dpsynth.runs.engine import holds_a_run
 
+    out = out or Path("runs/demo-wasp" if wasp else "runs/demo")
     if holds_a_run(out):
+        # a resume runs the saved config: one of other settings (the other demo, another --n) would be run instead
+        saved = load_config(RunDir(out).config, other_methods="drop")
+        if saved.model_dump(mode="json") != config.model_dump(mode="json"):
+            raise DpsynthError(f"{out} holds an earlier run of other settings (the other demo, or another --n): "
+                               "give another --out, or delete it")
         console.print(f"[yellow]{out} holds an earlier demo run: resuming it[/yellow]")
         _execute(None, out)
     else:

@@ -53,6 +53,7 @@ from dpsynth.privacy.schedule import (
     Knob,
     Release,
     Schedule,
+    gaussian_releases,
     laplace_events,
     sparse_vector_events,
     subsampled_gaussian_events,
@@ -181,14 +182,23 @@ class DPGA(Method[DPGAOptions, DPGAState]):
             releases += [Release(f"{self.name}.length_{which}", None, SVT, sparse_vector_events(float(m)), float(m))
                          for which in ("max", "min")]
             knobs.append(Knob(SVT, share=o.budget_svt, description="sparse vector's threshold scale (length range)"))
-        # the PLD of a subsampled Gaussian applies the adjacency itself: give it one unit's own norm
-        vote_sens = pe_top1_sensitivity(Adjacency.ADD_REMOVE, max_records_per_user=m)
-        votes = subsampled_gaussian_events(o.sampling_rate, vote_sens)
-        releases += [Release(f"{self.name}.votes", t, VOTES, votes, vote_sens) for t in range(1, o.generations + 1)]
+        generations = range(1, o.generations + 1)
+        if o.sampling_rate < 1:
+            # the PLD of a subsampled Gaussian applies the adjacency itself: give it one unit's own norm
+            vote_sens = pe_top1_sensitivity(Adjacency.ADD_REMOVE, max_records_per_user=m)
+            votes = subsampled_gaussian_events(o.sampling_rate, vote_sens)
+            releases += [Release(f"{self.name}.votes", t, VOTES, votes, vote_sens) for t in generations]
+            note = f"Poisson-subsampled Top-1 votes, q={o.sampling_rate}"
+        else:
+            # every record votes: a plain Gaussian at the adjacency's own sensitivity (under replace sqrt(2) per
+            # record for one-hot votes, where the subsampled event's shift model would charge 2)
+            releases += gaussian_releases(f"{self.name}.votes", list(generations), VOTES,
+                                          pe_top1_sensitivity(p.adjacency, max_records_per_user=m))
+            note = "Top-1 votes of every record (q=1)"
+        subsampled = "subsampled " if o.sampling_rate < 1 else ""
         knobs.append(Knob(VOTES, guess=None if math.isinf(p.epsilon) else 5.0,
-                          description="Gaussian noise on each subsampled vote release"))
-        return Schedule(tuple(releases), tuple(knobs),
-                        notes=(f"Poisson-subsampled Top-1 votes, q={o.sampling_rate}",))
+                          description=f"Gaussian noise on each {subsampled}vote release"))
+        return Schedule(tuple(releases), tuple(knobs), notes=(note,))
 
     # -- the algorithm -------------------------------------------------------------
     def step(self, ctx: StepContext, state: DPGAState, t: int) -> dict:

@@ -164,6 +164,10 @@ class ReleasingHolder:
         (`vote_sensitivity`; `vote_l1_sensitivity` for a Laplace release) checks it here. A Poisson-subsampled
         release states its per-unit bound under add/remove (the accountant applies the adjacency), a Gaussian or
         Laplace one its sensitivity under the run's."""
+        if spec.sampling_rate < 1 and self.records_per_unit > 1:
+            # the mask below is drawn per record: sampling q per person is what the event would claim
+            raise ValueError(f"votes subsampled at rate {spec.sampling_rate:g} sample records, not persons: they "
+                             "need record-level privacy (one record per unit)")
         release = self.schedule.get(*key)
         value = self.knobs[release.knob]
         booked = release.event(value if value > 0 else 1.0)

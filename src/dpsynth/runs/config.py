@@ -35,7 +35,11 @@ def read_config(path: Path) -> dict:
     if Path(path).suffix.lower() in DATA_FORMATS and Path(path).is_file():
         raise DpsynthError(f"{path}: a data file, not a run config; write a YAML config whose data.private names it "
                            "(README, \"Use it on your data\"), and give that config")
-    return read_yaml_mapping(path, "run config", "sections (data, generators, ...)")
+    raw = read_yaml_mapping(path, "run config", "sections (data, generators, ...)")
+    if {"base", "variants"} <= set(raw):  # it said "generators: Field required"
+        raise DpsynthError(f"{path} is a bench config (base, variants): run or plan its cells with dpsynth bench, "
+                           "or give a run config")
+    return raw
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
