@@ -40,7 +40,7 @@ else
 fi
 step "upgrade pip" .venv/bin/python -m pip install --quiet --upgrade pip
 step "CPU torch" .venv/bin/python -m pip install --quiet torch==2.13.0
-step "llama.cpp (portable x86-64 build, about 5 to 10 minutes)" \
+step "llama.cpp (portable x86-64 build, about 6 to 12 minutes)" \
   env CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
   CMAKE_BUILD_PARALLEL_LEVEL=2 .venv/bin/python -m pip install --quiet "llama-cpp-python[server]>=0.3,<0.4"
 step "dpsynth and its extras" .venv/bin/python -m pip install --quiet -e ".[local,openai,hf,transformers,finetune,eval,federated,dev]"
