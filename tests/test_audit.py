@@ -66,6 +66,16 @@ def test_a_leak_is_refuted_beyond_its_claim() -> None:
     assert result["signals"]["perfect"]["auc"] == 1.0
 
 
+def test_the_printed_lower_bound_is_rounded_down() -> None:
+    """1.996 printed as 2.00 would show, beside a claim of 2.00, a bound the audit did not reach."""
+    from dpsynth.audit.run_audit import audit_line
+
+    result = {"claimed_epsilon": 2.0, "epsilon_lower_bound": 1.996, "confidence": 0.95, "canaries": 64,
+              "best": {"signal": "nearest", "right": 30, "guessed": 32}, "exceeds_claim": False,
+              "largest_possible_bound": 2.47}
+    assert "audit lower bound 1.99 " in audit_line(result)
+
+
 def test_signals_rank_a_copied_canary_above_an_absent_one() -> None:
     canaries = ["the zorbix fleemut of quarnis stays", "the plavok driment of sutherby stays"]
     synthetic = ["A warm film.", "I loved the zorbix fleemut of quarnis stays with me", "Dull and slow."]

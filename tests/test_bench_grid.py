@@ -299,6 +299,9 @@ def test_paired_intervals_cover_a_known_difference_and_are_empty_for_identical_m
     assert "| half | x | 4 | zero-shot-half | 5 | +0.00 |" in text, "a variant is paired with its own comparator"
     text = paired_markdown(rows, "zero-shot", {"half": ["zero-shot-half", "zero-shot"]})
     assert "| half | x | 4 | zero-shot-half | 5 | +0.00 |" in text and "| half | x | 4 | zero-shot | 5 | +7.97 * |" in text
+    # one seed: the interval excludes 0 but misses the seed spread: marked †, never *
+    one = paired_markdown([r for r in rows if r["seed"] == 0], "zero-shot")
+    assert "| wasp | x | 4 | zero-shot | 1 | +7.67 † | [+6.35, +8.98] |" in one and " * |" not in one
 
 
 def test_paired_intervals_hold_their_95_percent_with_few_seeds() -> None:

@@ -91,11 +91,13 @@ def test_user_level() -> None:
 
 def test_person_level_budget_plans_both_final_stages() -> None:
     """Planned without a config, a person-level run with `relabel:` and `resample:` (refused before: the planning
-    task had one label, which relabel: refuses); each release's sensitivity is k under add/remove."""
+    task had one label, which relabel: refuses); the histogram's sensitivity is k under add/remove, relabel's
+    sums 1 (each person's sum is clipped to norm 1)."""
     out = _budget("zero-shot", "--epsilon", "4", "--relabel-share", "0.2", "--resample-share", "0.5",
                   "--max-records-per-user", "3")
     assert "resample.histogram x1, relabel.centroids x1" in out and "person (<= 3 records)" in out
-    assert out.count("sensitivity 3.00000") == 2
+    assert "resample_sigma" in out and out.count("sensitivity 3.00000") == 1
+    assert "relabel_sigma" in out and out.count("sensitivity 1.00000") == 1
 
 
 def test_fedgen_budget_shows_each_group_and_what_each_party_adds() -> None:

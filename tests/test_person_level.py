@@ -135,6 +135,62 @@ def test_brute_force_over_neighbours_that_replace_one_person(spec: VoteSpec, k: 
         assert worst == pytest.approx(bound)
 
 
+@pytest.mark.parametrize("kind", ["popri", "embedding_sums"])
+@pytest.mark.parametrize("adjacency", [Adjacency.ADD_REMOVE, Adjacency.REPLACE])
+def test_signed_votes_clipped_per_person_move_by_one_records_worth_whatever_k(kind: str,
+                                                                             adjacency: Adjacency) -> None:
+    """`clip_per_unit`: each person's summed vector is clipped to norm 1, so removing (or replacing) any person
+    moves the sum by at most 1 (2), the sensitivity of one record, at k = 3 and even without the k-bound; the
+    heavy person with identical records attains it. Unclipped, the same person moves it by k."""
+    rng = np.random.default_rng(7)
+    loaded = _people(rng, [5, 1, 2, 6, 1, 4])
+    n, d, extra = len(loaded.records), 5, 5
+    emb = rng.normal(size=(n + extra, d))
+    heavy = [i for i, p in enumerate(loaded.persons or []) if p == "p0"]
+    emb[heavy] = emb[heavy[0]]
+    emb[n:] = -emb[heavy[0]]
+    for i in heavy:
+        loaded.records.labels[i] = "0"
+    if kind == "embedding_sums":
+        cand, cand_labels = np.zeros((2, d)), np.arange(2)
+    else:
+        cand, cand_labels = rng.normal(size=(12, d)), rng.integers(0, 2, 12)
+    clipped = VoteSpec(kind=kind, clip_per_unit=True)
+
+    def neighbour(person: str) -> LoadedRecords:
+        rest = _without(loaded, person)
+        if adjacency is Adjacency.ADD_REMOVE:
+            return rest
+        return LoadedRecords(LabelledTexts(rest.records.texts + [f"r{n + j}" for j in range(extra)],
+                                           rest.records.labels + ["1"] * extra), (rest.persons or []) + ["new"] * extra)
+
+    def votes(data: LoadedRecords, spec: VoteSpec, k: int | None) -> np.ndarray:
+        records, persons = data.records, np.unique(data.persons or [], return_inverse=True)[1]
+        if k is not None:
+            bounded = bound_per_person(data, k, SALT)
+            records, persons = bounded.records, bounded.person_of
+        rows = [int(t[1:]) for t in records.texts]
+        return compute_votes(spec, emb[rows], np.array([int(y) for y in records.labels]), cand, cand_labels,
+                             units=persons)
+
+    for k in (3, None):  # bounded to 3 records a person, and not bounded at all
+        bound = vote_sensitivity(clipped, adjacency, max_records_per_user=3)
+        assert bound == (2.0 if adjacency is Adjacency.REPLACE else 1.0)
+        moves = {p: float(np.linalg.norm(votes(loaded, clipped, k) - votes(neighbour(p), clipped, k)))
+                 for p in sorted(set(loaded.persons or []))}
+        assert max(moves.values()) <= bound + 1e-9
+    if adjacency is Adjacency.ADD_REMOVE:
+        assert moves["p0"] == pytest.approx(1.0)
+        unclipped = VoteSpec(kind=kind)
+        assert float(np.linalg.norm(votes(loaded, unclipped, 3) - votes(neighbour("p0"), unclipped, 3))) == \
+            pytest.approx(3.0)
+    # records as their own units (record-level runs): the clipped votes are the unclipped ones
+    flat = compute_votes(VoteSpec(kind=kind), emb[:n], np.array([int(y) for y in loaded.records.labels]), cand,
+                         cand_labels)
+    assert np.allclose(compute_votes(clipped, emb[:n], np.array([int(y) for y in loaded.records.labels]), cand,
+                                     cand_labels), flat)
+
+
 def _file(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
     import pandas as pd
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -199,7 +200,9 @@ def audit_line(result: dict[str, Any]) -> str:
     claimed = result["claimed_epsilon"]
     claim = "inf" if claimed is None else f"{claimed:.2f}"
     best = result["best"]
-    line = (f"claimed eps {claim}; audit lower bound {result['epsilon_lower_bound']:.2f} "
+    # a lower bound is shown rounded down: 1.996 printed as 2.00 would claim more than was shown
+    shown = math.floor(100 * result["epsilon_lower_bound"]) / 100
+    line = (f"claimed eps {claim}; audit lower bound {shown:.2f} "
             f"({100 * result['confidence']:.0f}% confidence, {result['canaries']} canaries, best signal "
             f"{best['signal']}: {best['right']}/{best['guessed']} guesses right)")
     if result["exceeds_claim"]:

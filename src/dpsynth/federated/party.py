@@ -42,6 +42,8 @@ def check_vote_request(shard: PartyShard, spec: VoteSpec, candidates: np.ndarray
                        candidate_labels: np.ndarray) -> None:
     """What the party can check of a vote request before it is charged (a refused answer costs nothing):
     one label per candidate, and candidates in its embeddings' space (label counts' are placeholders)."""
+    if spec.clip_per_unit:  # its sensitivity assumes clipping per person, which a party cannot do (central only)
+        raise DpsynthError(f"party {shard.party_id}: votes clipped per person have no federated form")
     candidates = np.asarray(candidates)
     if candidates.ndim != 2 or len(candidates) != len(candidate_labels):
         raise DpsynthError(f"party {shard.party_id}: a vote round needs one label per candidate embedding")

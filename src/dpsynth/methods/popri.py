@@ -46,8 +46,9 @@ from dpsynth.voting.scores import centroid_scores
 from dpsynth.voting.spec import VoteSpec
 
 SCORE_SIGMA = "score_sigma"
-SCORES = VoteSpec(kind="popri")
-SUMS = VoteSpec(kind="embedding_sums")
+# clipped per person when the unit of privacy is a person: sensitivity 1 per person, not k (voting/scores.py)
+SCORES = VoteSpec(kind="popri", clip_per_unit=True)
+SUMS = VoteSpec(kind="embedding_sums", clip_per_unit=True)
 
 
 class PopriOptions(SamplingOptions):

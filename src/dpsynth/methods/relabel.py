@@ -5,7 +5,8 @@ Why: the small PLMs write a third or more of their samples off-label (docs/resul
 for zero-shot), and every selection method so far kept a third of what it paid for. This stage keeps every
 sample and fixes its label instead. The data holder releases once, with Gaussian noise, the per-label sums of
 the private records' unit embeddings (`VoteSpec(kind="embedding_sums")`: L2 sensitivity 1 per record under
-add/remove, 2 under replacement, brute-force tested); everything after that release is post-processing:
+add/remove, 2 under replacement, brute-force tested; with a person unit each person's sum is clipped to norm 1, so
+1 per person, not k); everything after that release is post-processing:
 
 1. The noisy sums are denoised by projecting them onto the span of the synthetic set's mean and its top
    `subspace` principal directions (public: synthetic text only). Noise spreads over all 384 dimensions, the
@@ -39,12 +40,14 @@ from dpsynth.config import RelabelConfig, RunConfig, records_per_unit
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.generation import SyntheticSample
 from dpsynth.privacy.schedule import Schedule, final_stage_knob, gaussian_releases
-from dpsynth.privacy.sensitivity import signed_unit_sensitivity
+from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.voting.scores import unit_rows
 from dpsynth.voting.spec import VoteSpec
 
 RELABEL = "relabel.centroids"
 RELABEL_SIGMA = "relabel_sigma"
+# each person's summed unit embeddings clipped to norm 1 when the unit is a person: sensitivity 1, not k
+SUMS = VoteSpec(kind="embedding_sums", clip_per_unit=True)
 
 
 def relabel_schedule(config: RunConfig, before: Schedule) -> Schedule:
@@ -53,7 +56,7 @@ def relabel_schedule(config: RunConfig, before: Schedule) -> Schedule:
     r = config.relabel
     if r is None or not r.reads_private_records:
         return Schedule((), ())
-    sens = signed_unit_sensitivity(config.privacy.adjacency, max_records_per_user=records_per_unit(config))
+    sens = vote_sensitivity(SUMS, config.privacy.adjacency, max_records_per_user=records_per_unit(config))
     knob = final_stage_knob(RELABEL_SIGMA, r, before, "relabel",
                             "Gaussian noise on the per-label sums of the private records' unit embeddings")
     return Schedule(gaussian_releases(RELABEL, [None], RELABEL_SIGMA, sens), (knob,),
@@ -156,7 +159,7 @@ def relabel_stage(options: RelabelConfig, *, samples: list[SyntheticSample], emb
         new = corrected_labels(embeddings, label_ids, public, options.margin)
     else:
         placeholder = np.zeros((n_labels, embeddings.shape[1]))
-        sums = holder.noisy_votes(VoteSpec(kind="embedding_sums"), placeholder, np.arange(n_labels),
+        sums = holder.noisy_votes(SUMS, placeholder, np.arange(n_labels),
                                   release=release)
         denoised = denoise_in_synthetic_span(np.asarray(sums, dtype=np.float64).reshape(n_labels, -1), basis)
         if options.scoring == "blend" and sigma > 0:

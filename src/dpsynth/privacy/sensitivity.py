@@ -106,7 +106,9 @@ def vote_sensitivity(spec: VoteSpec, adjacency: Adjacency = Adjacency.ADD_REMOVE
     if spec.kind == "label_counts":
         return histogram_sensitivity(adjacency, max_records_per_user=max_records_per_user)
     if spec.kind in ("popri", "embedding_sums"):
-        return signed_unit_sensitivity(adjacency, max_records_per_user=max_records_per_user)
+        # clipped per unit: one unit moves the sum by at most one clipped vector, whatever records it holds
+        return signed_unit_sensitivity(adjacency, max_records_per_user=1 if spec.clip_per_unit
+                                       else max_records_per_user)
     return rank_votes_sensitivity(spec.weights, adjacency, max_records_per_user=max_records_per_user)
 
 

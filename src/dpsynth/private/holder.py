@@ -281,8 +281,9 @@ class CentralHolder(ReleasingHolder):
             # the clean vector (and the subsample) never leave this function; the rate was checked against the
             # release's event before it was charged (`_check_vote_charge`)
             keep = self._sample_mask(r, spec.sampling_rate, len(self.__labels))
+            units = None if self.__persons is None else self.__persons[keep]
             votes = compute_votes(spec, self._embeddings()[keep], self.__labels[keep], candidates, candidate_labels,
-                                  device=None if self.__device == "cpu" else self.__device)
+                                  device=None if self.__device == "cpu" else self.__device, units=units)
             return self._noised(r, value, votes)
 
         return self._release(release, draw, asked_about(spec, candidates, candidate_labels))

@@ -12,6 +12,11 @@ is ours: POPri's data is unlabelled; here a record only judges texts written for
 `embedding_sums`: the per-label sums of the records' unit-normalised embeddings, one row per
 label (flattened). One record adds a unit vector to one row: the same sensitivity. Released once,
 it scores any number of candidates afterwards at no further privacy cost (`centroid_scores`).
+
+`units` (each record's person, when the unit of privacy is a person): each person's records' vectors are summed
+and the sum clipped to L2 norm 1, as DP-SGD clips a person's summed gradient, so one person changes the output by
+at most 1 (2 under replacement), whatever number of records k it holds; without it a person's k vectors add up to
+norm k and the noise must be k times larger. POPri's own code clips a client's vector the same way.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
 
 
 def popri_scores(private: np.ndarray, private_labels: Sequence[int] | np.ndarray, synthetic: np.ndarray,
-                 synthetic_labels: Sequence[int] | np.ndarray) -> np.ndarray:
+                 synthetic_labels: Sequence[int] | np.ndarray, units: np.ndarray | None = None) -> np.ndarray:
     """Sum over records of the standardised, unit-norm similarity vector to the candidates of the record's
-    label (zeros elsewhere). A label with fewer than two candidates gets no score (its vectors are zero)."""
+    label (zeros elsewhere). A label with fewer than two candidates gets no score (its vectors are zero).
+    `units`: clip each person's summed vector to norm 1 (module docstring)."""
     p_labels = np.asarray(private_labels, dtype=np.int64)
     s_labels = np.asarray(synthetic_labels, dtype=np.int64)
     p, s = unit_rows(private), unit_rows(synthetic)
+    per_record = np.zeros((len(p_labels), len(s_labels)), dtype=np.float64) if units is not None else None
     out = np.zeros(len(s_labels), dtype=np.float64)
     for label in np.unique(p_labels):
         cols = np.flatnonzero(s_labels == label)
@@ -46,17 +53,35 @@ def popri_scores(private: np.ndarray, private_labels: Sequence[int] | np.ndarray
         norms = np.linalg.norm(centred, axis=1, keepdims=True)
         # (x - mean) / std has norm sqrt(n); scaled to norm 1 it is (x - mean) / ||x - mean||
         unit = np.divide(centred, norms, out=np.zeros_like(centred), where=norms > 1e-12)
-        out[cols] += unit.sum(axis=0)
-    return out
+        if per_record is None:
+            out[cols] += unit.sum(axis=0)
+        else:
+            per_record[np.ix_(rows, cols)] = unit
+    return out if per_record is None or units is None else clipped_unit_sum(per_record, units)
 
 
-def embedding_sums(private: np.ndarray, private_labels: Sequence[int] | np.ndarray, labels: int) -> np.ndarray:
-    """(labels x dim) flattened: row c is the sum of the unit-normalised embeddings of the records of label c."""
+def embedding_sums(private: np.ndarray, private_labels: Sequence[int] | np.ndarray, labels: int,
+                   units: np.ndarray | None = None) -> np.ndarray:
+    """(labels x dim) flattened: row c is the sum of the unit-normalised embeddings of the records of label c.
+    `units`: clip each person's summed contribution to norm 1 (module docstring)."""
     p_labels = np.asarray(private_labels, dtype=np.int64)
     p = unit_rows(private)
+    if units is not None:
+        per_record = np.zeros((len(p_labels), labels, p.shape[1]), dtype=np.float64)
+        per_record[np.arange(len(p_labels)), p_labels] = p
+        return clipped_unit_sum(per_record.reshape(len(p_labels), -1), units)
     out = np.zeros((labels, p.shape[1]), dtype=np.float64)
     np.add.at(out, p_labels, p)
     return out.reshape(-1)
+
+
+def clipped_unit_sum(per_record: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """Sum the records' rows per unit, clip each unit's sum to L2 norm 1, and sum the units."""
+    ids, index = np.unique(np.asarray(units), return_inverse=True)
+    per_unit = np.zeros((len(ids), per_record.shape[1]), dtype=np.float64)
+    np.add.at(per_unit, index.ravel(), per_record)
+    norms = np.linalg.norm(per_unit, axis=1, keepdims=True)
+    return (per_unit / np.maximum(norms, 1.0)).sum(axis=0)
 
 
 def centroid_scores(noisy_sums: np.ndarray, synthetic: np.ndarray, synthetic_labels: Sequence[int] | np.ndarray,

@@ -11,10 +11,12 @@ from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dpsynth.voting.rank_votes import rank_votes, wasp_votes
 from dpsynth.voting.scores import embedding_sums, popri_scores
+
+SIGNED_KINDS = ("popri", "embedding_sums")  # signed vectors of norm <= 1 per record
 
 
 class VoteSpec(BaseModel):
@@ -30,6 +32,15 @@ class VoteSpec(BaseModel):
     weights: tuple[float, ...] = Field((1.0,), description="rank: weight of the r-th nearest candidate")
     sampling_rate: float = Field(1.0, gt=0, le=1, description="Poisson subsampling: each record votes with this "
                                  "probability, drawn by the data holder from its secret noise stream")
+    clip_per_unit: bool = Field(False, description="popri, embedding_sums: each unit's (person's) summed vector is "
+                                "clipped to norm 1, so the sensitivity is that of one record whatever the unit holds "
+                                "(central data holder only: it knows each record's person)")
+
+    @model_validator(mode="after")
+    def _clip_signed_kinds_only(self) -> VoteSpec:
+        if self.clip_per_unit and self.kind not in SIGNED_KINDS:
+            raise ValueError(f"clip_per_unit applies to {' and '.join(SIGNED_KINDS)} votes, not {self.kind}")
+        return self
 
     def length(self, candidates: int, width: int = 1) -> int:
         if self.kind == "embedding_sums":
@@ -48,17 +59,22 @@ def compute_votes(
     synthetic: np.ndarray,
     synthetic_labels: Sequence[int] | np.ndarray,
     device: str | None = None,
+    units: np.ndarray | None = None,
 ) -> np.ndarray:
     """The clean vote vector: it must be noised before it leaves the data holder. `device`: None computes the
-    rank votes with numpy/BLAS on the CPU; 'cuda' (or 'cpu') with torch on that device."""
+    rank votes with numpy/BLAS on the CPU; 'cuda' (or 'cpu') with torch on that device. `units`: each record's
+    unit (person) for a `clip_per_unit` spec; None: each record is its own unit."""
+    clip_units = None
+    if spec.clip_per_unit:  # records as their own units clip nothing (each vector has norm <= 1)
+        clip_units = np.arange(len(private_labels)) if units is None else np.asarray(units)
     if spec.kind == "wasp":
         return wasp_votes(private, private_labels, synthetic, synthetic_labels, spec.q, device=device)
     if spec.kind == "label_counts":
         return np.bincount(np.asarray(private_labels, dtype=np.int64), minlength=len(synthetic_labels)).astype(
             np.float64)
     if spec.kind == "popri":
-        return popri_scores(private, private_labels, synthetic, synthetic_labels)
+        return popri_scores(private, private_labels, synthetic, synthetic_labels, units=clip_units)
     if spec.kind == "embedding_sums":
-        return embedding_sums(private, private_labels, len(synthetic_labels))
+        return embedding_sums(private, private_labels, len(synthetic_labels), units=clip_units)
     (votes,) = rank_votes(private, private_labels, synthetic, synthetic_labels, spec.weights, device=device)
     return votes
