@@ -393,6 +393,14 @@ def test_the_request_check_tolerates_re_embedding_and_refuses_other_texts() -> N
     before = json.loads(json.dumps(asked_about(spec, emb, labels)))  # as saved and read back
     check_same_request("r", before, asked_about(spec, emb + rng.normal(scale=1e-6, size=emb.shape), labels))
     check_same_request("r", None, asked_about(spec, emb, labels))  # a release saved by an older dpsynth
+    # a request saved before VoteSpec had clip_per_unit (it lacks the key) is the same vote
+    old = {**before, "spec": {k: v for k, v in before["spec"].items() if k != "clip_per_unit"}}
+    check_same_request("r", old, asked_about(spec, emb, labels))
+    sums = VoteSpec(kind="embedding_sums")
+    old_sums = {**asked_about(sums, emb[:2], labels[:2]), "spec": {"kind": "embedding_sums", "q": 8,
+                                                                    "weights": [1.0], "sampling_rate": 1.0}}
+    check_same_request("r", old_sums, asked_about(VoteSpec(kind="embedding_sums", clip_per_unit=True), emb[:2],
+                                                  labels[:2]))
     none = asked_about(spec, np.zeros((0, 384)), np.zeros(0, dtype=np.int64))  # an iteration that kept nothing
     assert none["candidates"] == 0 and none["projection"] == []
     other = emb.copy()

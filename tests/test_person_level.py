@@ -191,6 +191,29 @@ def test_signed_votes_clipped_per_person_move_by_one_records_worth_whatever_k(ki
                                      cand_labels), flat)
 
 
+def test_clipped_votes_equal_their_definition_computed_record_by_record() -> None:
+    """The per-(person, label) sums give what clipping each person's whole dense vector gives (persons with
+    records in several labels included)."""
+    from dpsynth.voting.scores import embedding_sums, popri_scores
+
+    rng = np.random.default_rng(3)
+    n, d, labels = 40, 6, 3
+    emb, y, persons = rng.normal(size=(n, d)), rng.integers(0, labels, n), rng.integers(0, 9, n)
+    cand, cand_labels = rng.normal(size=(15, d)), rng.integers(0, labels, 15)
+
+    def by_definition(per_record: list[np.ndarray]) -> np.ndarray:
+        out = 0.0
+        for person in np.unique(persons):
+            v = sum(per_record[i] for i in np.flatnonzero(persons == person))
+            out = out + v / max(1.0, float(np.linalg.norm(v)))
+        return out
+
+    for votes in (lambda rows, **kw: embedding_sums(emb[rows], y[rows], labels, **kw),
+                  lambda rows, **kw: popri_scores(emb[rows], y[rows], cand, cand_labels, **kw)):
+        per_record = [votes(np.array([i])) for i in range(n)]
+        assert np.allclose(votes(np.arange(n), units=persons), by_definition(per_record))
+
+
 def _file(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
     import pandas as pd
 

@@ -201,7 +201,7 @@ def audit_line(result: dict[str, Any]) -> str:
     claim = "inf" if claimed is None else f"{claimed:.2f}"
     best = result["best"]
     # a lower bound is shown rounded down: 1.996 printed as 2.00 would claim more than was shown
-    shown = math.floor(100 * result["epsilon_lower_bound"]) / 100
+    shown = math.floor(100 * result["epsilon_lower_bound"] + 1e-9) / 100  # 0.29 stays 0.29 (float error)
     line = (f"claimed eps {claim}; audit lower bound {shown:.2f} "
             f"({100 * result['confidence']:.0f}% confidence, {result['canaries']} canaries, best signal "
             f"{best['signal']}: {best['right']}/{best['guessed']} guesses right)")

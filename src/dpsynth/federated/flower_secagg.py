@@ -206,7 +206,7 @@ def _vote_config(vote_round: VoteRound, settings: FederationSettings) -> dict:
     return {
         "round": "votes",
         "release": vote_round.release,
-        "spec": vote_round.spec.model_dump_json(),
+        "spec": vote_round.spec.model_dump_json(exclude_defaults=True),  # a party of an earlier version reads it
         "party_sigma": float(vote_round.party_sigma),
         "max_records": int(settings.max_records),
         "min_parties": int(vote_round.min_parties or settings.min_parties),
@@ -273,8 +273,10 @@ class FlowerAggregator:
         unmasking."""
         s = self.settings
         self.preflight()
-        # every round goes to parties that passed the preflight (a node that joined later is asked the roster first)
-        nodes = self.nodes_of(tuple(range(s.parties)) if vote_round.parties is None else vote_round.parties)
+        # every round goes to nodes that passed the preflight (a node that joined later is not asked); a round of
+        # every party asks them all, whatever party ids they gave (party-id is needed for party groups only)
+        assert self._roster is not None  # set by the preflight
+        nodes = list(self._roster.values()) if vote_round.parties is None else self.nodes_of(vote_round.parties)
         asked = len(nodes)
         fewest = vote_round.min_parties or s.min_parties
         if asked < fewest:

@@ -410,13 +410,24 @@ def asked_about(spec: VoteSpec, candidates: np.ndarray, candidate_labels: np.nda
             "projection": np.round(x @ directions, 5).tolist()}
 
 
+def _same_vote(saved: dict, now: dict) -> bool:
+    """The same vote asked, by the spec's values (a request saved by an earlier version lacks fields added since,
+    which take their defaults). `clip_per_unit` is left out: a run whose units hold one record each clips nothing,
+    and a person-level run whose sensitivity it changed is refused by its privacy plan's fingerprint first."""
+    try:
+        return (VoteSpec.model_validate(saved).model_copy(update={"clip_per_unit": False})
+                == VoteSpec.model_validate(now).model_copy(update={"clip_per_unit": False}))
+    except ValueError:  # a damaged saved spec: compared as written
+        return saved == now
+
+
 def check_same_request(name: str, saved: dict | None, now: dict | None) -> None:
     """Refuse to reuse a saved release for another request than it answered: a resumed run that regenerated
     other candidates (a changed seed, generator or setting; a lost or replaced request cache) would otherwise
     select and weight its texts with votes cast on others."""
     if saved is None or now is None:  # saved before dpsynth kept the request, or a request without candidates
         return
-    same = (saved["spec"] == now["spec"] and saved["candidates"] == now["candidates"]
+    same = (_same_vote(saved["spec"], now["spec"]) and saved["candidates"] == now["candidates"]
             and saved["labels"] == now["labels"]
             and np.allclose(saved["projection"], now["projection"], rtol=0.0, atol=PROJECTION_TOLERANCE))
     if not same:

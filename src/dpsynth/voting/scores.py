@@ -41,7 +41,8 @@ def popri_scores(private: np.ndarray, private_labels: Sequence[int] | np.ndarray
     p_labels = np.asarray(private_labels, dtype=np.int64)
     s_labels = np.asarray(synthetic_labels, dtype=np.int64)
     p, s = unit_rows(private), unit_rows(synthetic)
-    per_record = np.zeros((len(p_labels), len(s_labels)), dtype=np.float64) if units is not None else None
+    unit_of = None if units is None else np.unique(np.asarray(units), return_inverse=True)[1].ravel()
+    blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (columns, units, their sums) per label
     out = np.zeros(len(s_labels), dtype=np.float64)
     for label in np.unique(p_labels):
         cols = np.flatnonzero(s_labels == label)
@@ -53,11 +54,18 @@ def popri_scores(private: np.ndarray, private_labels: Sequence[int] | np.ndarray
         norms = np.linalg.norm(centred, axis=1, keepdims=True)
         # (x - mean) / std has norm sqrt(n); scaled to norm 1 it is (x - mean) / ||x - mean||
         unit = np.divide(centred, norms, out=np.zeros_like(centred), where=norms > 1e-12)
-        if per_record is None:
+        if unit_of is None:
             out[cols] += unit.sum(axis=0)
         else:
-            per_record[np.ix_(rows, cols)] = unit
-    return out if per_record is None or units is None else clipped_unit_sum(per_record, units)
+            ids, index = np.unique(unit_of[rows], return_inverse=True)
+            sums = np.zeros((len(ids), len(cols)), dtype=np.float64)
+            np.add.at(sums, index.ravel(), unit)
+            blocks.append((cols, ids, sums))
+    if unit_of is not None:
+        scale = _unit_scales(blocks, int(unit_of.max(initial=-1)) + 1)
+        for cols, ids, sums in blocks:
+            out[cols] += (sums * scale[ids, None]).sum(axis=0)
+    return out
 
 
 def embedding_sums(private: np.ndarray, private_labels: Sequence[int] | np.ndarray, labels: int,
@@ -66,22 +74,31 @@ def embedding_sums(private: np.ndarray, private_labels: Sequence[int] | np.ndarr
     `units`: clip each person's summed contribution to norm 1 (module docstring)."""
     p_labels = np.asarray(private_labels, dtype=np.int64)
     p = unit_rows(private)
-    if units is not None:
-        per_record = np.zeros((len(p_labels), labels, p.shape[1]), dtype=np.float64)
-        per_record[np.arange(len(p_labels)), p_labels] = p
-        return clipped_unit_sum(per_record.reshape(len(p_labels), -1), units)
     out = np.zeros((labels, p.shape[1]), dtype=np.float64)
-    np.add.at(out, p_labels, p)
+    if units is None:
+        np.add.at(out, p_labels, p)
+        return out.reshape(-1)
+    unit_of = np.unique(np.asarray(units), return_inverse=True)[1].ravel()
+    blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (its row, units, their sums) per label
+    for label in np.unique(p_labels):
+        rows = np.flatnonzero(p_labels == label)
+        ids, index = np.unique(unit_of[rows], return_inverse=True)
+        sums = np.zeros((len(ids), p.shape[1]), dtype=np.float64)
+        np.add.at(sums, index.ravel(), p[rows])
+        blocks.append((np.array([label]), ids, sums))
+    scale = _unit_scales(blocks, int(unit_of.max(initial=-1)) + 1)
+    for row, ids, sums in blocks:
+        out[row[0]] += (sums * scale[ids, None]).sum(axis=0)
     return out.reshape(-1)
 
 
-def clipped_unit_sum(per_record: np.ndarray, units: np.ndarray) -> np.ndarray:
-    """Sum the records' rows per unit, clip each unit's sum to L2 norm 1, and sum the units."""
-    ids, index = np.unique(np.asarray(units), return_inverse=True)
-    per_unit = np.zeros((len(ids), per_record.shape[1]), dtype=np.float64)
-    np.add.at(per_unit, index.ravel(), per_record)
-    norms = np.linalg.norm(per_unit, axis=1, keepdims=True)
-    return (per_unit / np.maximum(norms, 1.0)).sum(axis=0)
+def _unit_scales(blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_units: int) -> np.ndarray:
+    """Each unit's clipping factor: 1 / max(1, the L2 norm of its whole vector), the vector being the unit's sums
+    in every label's block (disjoint columns, so the squared norms add). Memory: one sum per (unit, label)."""
+    squared = np.zeros(n_units, dtype=np.float64)
+    for _, ids, sums in blocks:
+        np.add.at(squared, ids, (sums ** 2).sum(axis=1))
+    return 1.0 / np.maximum(np.sqrt(squared), 1.0)
 
 
 def centroid_scores(noisy_sums: np.ndarray, synthetic: np.ndarray, synthetic_labels: Sequence[int] | np.ndarray,

@@ -64,9 +64,8 @@ def compute_votes(
     """The clean vote vector: it must be noised before it leaves the data holder. `device`: None computes the
     rank votes with numpy/BLAS on the CPU; 'cuda' (or 'cpu') with torch on that device. `units`: each record's
     unit (person) for a `clip_per_unit` spec; None: each record is its own unit."""
-    clip_units = None
-    if spec.clip_per_unit:  # records as their own units clip nothing (each vector has norm <= 1)
-        clip_units = np.arange(len(private_labels)) if units is None else np.asarray(units)
+    # without units each record is its own unit, and a record's vector (norm <= 1) needs no clipping
+    clip_units = np.asarray(units) if spec.clip_per_unit and units is not None else None
     if spec.kind == "wasp":
         return wasp_votes(private, private_labels, synthetic, synthetic_labels, spec.q, device=device)
     if spec.kind == "label_counts":
