@@ -36,6 +36,21 @@ def _without(loaded: LoadedRecords, person: str) -> LoadedRecords:
     return LoadedRecords(loaded.records.subset(keep), [loaded.persons[i] for i in keep])
 
 
+def _heavy_person_and_newcomer(rng: np.random.Generator, sizes: list[int], *, extra: int,
+                               d: int = 5) -> tuple[LoadedRecords, np.ndarray]:
+    """Persons of these sizes whose p0 holds identical records of label 0, and embeddings (rows 'r<i>') with
+    `extra` rows after them pointing the other way, for a newcomer replacing a person."""
+    loaded = _people(rng, sizes)
+    n = len(loaded.records)
+    emb = rng.normal(size=(n + extra, d))
+    heavy = [i for i, p in enumerate(loaded.persons or []) if p == "p0"]
+    emb[heavy] = emb[heavy[0]]
+    emb[n:] = -emb[heavy[0]]
+    for i in heavy:
+        loaded.records.labels[i] = "0"
+    return loaded, emb
+
+
 def _rows(records: LabelledTexts) -> set[tuple[str, str]]:
     return set(zip(records.texts, records.labels))
 
@@ -105,14 +120,8 @@ def test_brute_force_over_neighbours_that_replace_one_person(spec: VoteSpec, k: 
     by at most the k-record replace sensitivity. For label counts the bound is attained (k records of one label
     swapped for k of the other)."""
     rng = np.random.default_rng(10 + k)
-    loaded = _people(rng, [k + 2, 1, 2, k + 3, 1, 4])
+    loaded, emb = _heavy_person_and_newcomer(rng, [k + 2, 1, 2, k + 3, 1, 4], extra=k + 2)
     n, d, extra = len(loaded.records), 5, k + 2
-    emb = rng.normal(size=(n + extra, d))
-    heavy = [i for i, p in enumerate(loaded.persons or []) if p == "p0"]
-    emb[heavy] = emb[heavy[0]]
-    emb[n:] = -emb[heavy[0]]
-    for i in heavy:
-        loaded.records.labels[i] = "0"
     if spec.kind in ("label_counts", "embedding_sums"):
         cand, cand_labels = np.zeros((2, d if spec.kind == "embedding_sums" else 1)), np.arange(2)
     else:
@@ -143,14 +152,8 @@ def test_signed_votes_clipped_per_person_move_by_one_records_worth_whatever_k(ki
     moves the sum by at most 1 (2), the sensitivity of one record, at k = 3 and even without the k-bound; the
     heavy person with identical records attains it. Unclipped, the same person moves it by k."""
     rng = np.random.default_rng(7)
-    loaded = _people(rng, [5, 1, 2, 6, 1, 4])
+    loaded, emb = _heavy_person_and_newcomer(rng, [5, 1, 2, 6, 1, 4], extra=5)
     n, d, extra = len(loaded.records), 5, 5
-    emb = rng.normal(size=(n + extra, d))
-    heavy = [i for i, p in enumerate(loaded.persons or []) if p == "p0"]
-    emb[heavy] = emb[heavy[0]]
-    emb[n:] = -emb[heavy[0]]
-    for i in heavy:
-        loaded.records.labels[i] = "0"
     if kind == "embedding_sums":
         cand, cand_labels = np.zeros((2, d)), np.arange(2)
     else:
