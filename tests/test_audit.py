@@ -74,6 +74,8 @@ def test_the_printed_lower_bound_is_rounded_down() -> None:
               "best": {"signal": "nearest", "right": 30, "guessed": 32}, "exceeds_claim": False,
               "largest_possible_bound": 2.47}
     assert "audit lower bound 1.99 " in audit_line(result)
+    leak = {**result, "claimed_epsilon": 3.9998, "epsilon_lower_bound": 4.004, "exceeds_claim": True}
+    assert "claimed eps 3.9998; audit lower bound 4.0040 " in audit_line(leak)  # not "4.00" beside "4.00"
 
 
 def test_signals_rank_a_copied_canary_above_an_absent_one() -> None:

@@ -198,11 +198,13 @@ def audit_summary(result: dict[str, Any]) -> dict[str, Any]:
 
 def audit_line(result: dict[str, Any]) -> str:
     claimed = result["claimed_epsilon"]
-    claim = "inf" if claimed is None else f"{claimed:.2f}"
+    digits = 4 if result["exceeds_claim"] else 2  # a bound just above its claim shows the difference
+    claim = "inf" if claimed is None else f"{claimed:.{digits}f}"
     best = result["best"]
     # a lower bound is shown rounded down: 1.996 printed as 2.00 would claim more than was shown
-    shown = math.floor(100 * result["epsilon_lower_bound"] + 1e-9) / 100  # 0.29 stays 0.29 (float error)
-    line = (f"claimed eps {claim}; audit lower bound {shown:.2f} "
+    scale = 10 ** digits
+    shown = math.floor(scale * result["epsilon_lower_bound"] + 1e-9) / scale  # 0.29 stays 0.29 (float error)
+    line = (f"claimed eps {claim}; audit lower bound {shown:.{digits}f} "
             f"({100 * result['confidence']:.0f}% confidence, {result['canaries']} canaries, best signal "
             f"{best['signal']}: {best['right']}/{best['guessed']} guesses right)")
     if result["exceeds_claim"]:

@@ -324,7 +324,8 @@ class Run:
             if changed:
                 raise DpsynthError(f"{self.dir.config}: {changed} changed since the run started; the privacy "
                                    "schedule depends on it, so the run cannot resume with it (restore it or start "
-                                   "a new run)")
+                                   "a new run; if the config is unchanged, this version of dpsynth plans it "
+                                   "differently, e.g. a tighter sensitivity)")
             content = content_fingerprint(self.config)
             edited = changed_settings(saved.get("content", content), content)
             if edited:
