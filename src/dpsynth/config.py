@@ -216,7 +216,8 @@ class FederatedConfig(Section):
         "secagg+", description="secagg+: the server sees only the sum (Flower SecAgg+), each party adds "
         "sigma/sqrt(min_parties); plain: the server sees every party's vector, so each adds the full sigma")
     min_parties: PositiveInt | None = Field(
-        None, description="fewest parties a round may aggregate (SecAgg+ threshold); default: all parties")
+        None, description="fewest parties a round may aggregate (SecAgg+ threshold); default: all parties. Plain "
+        "aggregation ignores it: each party adds the full sigma there, so one answer is already private")
     max_records_per_party: PositiveInt = Field(
         64, description="public bound on a party's records: sets the SecAgg+ clipping range, and the "
         "sensitivity when unit is 'party'")
