@@ -43,12 +43,12 @@ from dpsynth.methods.registry import register
 from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
 from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.voting.scores import centroid_scores
-from dpsynth.voting.spec import VoteSpec
+from dpsynth.voting.spec import EMBEDDING_SUMS, VoteSpec
 
 SCORE_SIGMA = "score_sigma"
-# clipped per person when the unit of privacy is a person: sensitivity 1 per person, not k (voting/scores.py)
+# clipped per person when the unit of privacy is a person: sensitivity 1 per person, not k (voting/scores.py);
+# the one-release alternative is voting.spec.EMBEDDING_SUMS
 SCORES = VoteSpec(kind="popri", clip_per_unit=True)
-SUMS = VoteSpec(kind="embedding_sums", clip_per_unit=True)
 
 
 class PopriOptions(SamplingOptions):
@@ -127,7 +127,7 @@ class Popri(Method[PopriOptions, PopriState]):
         o = self.options
         if o.scoring == "public":
             return Schedule((), ())
-        spec = SCORES if o.scoring == "votes" else SUMS
+        spec = SCORES if o.scoring == "votes" else EMBEDDING_SUMS
         sens = vote_sensitivity(spec, self.config.privacy.adjacency, max_records_per_user=records_per_unit(self.config))
         if o.scoring == "votes":
             releases = gaussian_releases("popri.scores", list(range(o.rounds)), SCORE_SIGMA, sens)
@@ -186,7 +186,8 @@ class Popri(Method[PopriOptions, PopriState]):
             noise[:] = sigma
         elif o.scoring == "centroid":
             placeholder = np.zeros((n_labels, emb.shape[1]))
-            sums = ctx.holder.noisy_votes(SUMS, placeholder, np.arange(n_labels), release=self.release("centroids"))
+            sums = ctx.holder.noisy_votes(EMBEDDING_SUMS, placeholder, np.arange(n_labels),
+                                          release=self.release("centroids"))
             scores = centroid_scores(sums, emb, labels, n_labels)
             norms = np.linalg.norm(sums.reshape(n_labels, -1), axis=1)
             noise[:] = sigma / np.maximum(norms, 1e-12)  # a unit candidate's cosine moves by sigma / |noisy sum|

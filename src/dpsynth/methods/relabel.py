@@ -42,12 +42,10 @@ from dpsynth.methods.generation import SyntheticSample
 from dpsynth.privacy.schedule import Schedule, final_stage_knob, gaussian_releases
 from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.voting.scores import unit_rows
-from dpsynth.voting.spec import VoteSpec
+from dpsynth.voting.spec import EMBEDDING_SUMS
 
 RELABEL = "relabel.centroids"
 RELABEL_SIGMA = "relabel_sigma"
-# each person's summed unit embeddings clipped to norm 1 when the unit is a person: sensitivity 1, not k
-SUMS = VoteSpec(kind="embedding_sums", clip_per_unit=True)
 
 
 def relabel_schedule(config: RunConfig, before: Schedule) -> Schedule:
@@ -56,7 +54,7 @@ def relabel_schedule(config: RunConfig, before: Schedule) -> Schedule:
     r = config.relabel
     if r is None or not r.reads_private_records:
         return Schedule((), ())
-    sens = vote_sensitivity(SUMS, config.privacy.adjacency, max_records_per_user=records_per_unit(config))
+    sens = vote_sensitivity(EMBEDDING_SUMS, config.privacy.adjacency, max_records_per_user=records_per_unit(config))
     knob = final_stage_knob(RELABEL_SIGMA, r, before, "relabel",
                             "Gaussian noise on the per-label sums of the private records' unit embeddings")
     return Schedule(gaussian_releases(RELABEL, [None], RELABEL_SIGMA, sens), (knob,),
@@ -159,7 +157,7 @@ def relabel_stage(options: RelabelConfig, *, samples: list[SyntheticSample], emb
         new = corrected_labels(embeddings, label_ids, public, options.margin)
     else:
         placeholder = np.zeros((n_labels, embeddings.shape[1]))
-        sums = holder.noisy_votes(SUMS, placeholder, np.arange(n_labels),
+        sums = holder.noisy_votes(EMBEDDING_SUMS, placeholder, np.arange(n_labels),
                                   release=release)
         denoised = denoise_in_synthetic_span(np.asarray(sums, dtype=np.float64).reshape(n_labels, -1), basis)
         if options.scoring == "blend" and sigma > 0:

@@ -41,9 +41,7 @@ def popri_scores(private: np.ndarray, private_labels: Sequence[int] | np.ndarray
     p_labels = np.asarray(private_labels, dtype=np.int64)
     s_labels = np.asarray(synthetic_labels, dtype=np.int64)
     p, s = unit_rows(private), unit_rows(synthetic)
-    unit_of = None if units is None else np.unique(np.asarray(units), return_inverse=True)[1].ravel()
-    blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (columns, units, their sums) per label
-    out = np.zeros(len(s_labels), dtype=np.float64)
+    blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (columns, records, their vectors) per label
     for label in np.unique(p_labels):
         cols = np.flatnonzero(s_labels == label)
         rows = np.flatnonzero(p_labels == label)
@@ -53,19 +51,8 @@ def popri_scores(private: np.ndarray, private_labels: Sequence[int] | np.ndarray
         centred = sims - sims.mean(axis=1, keepdims=True)
         norms = np.linalg.norm(centred, axis=1, keepdims=True)
         # (x - mean) / std has norm sqrt(n); scaled to norm 1 it is (x - mean) / ||x - mean||
-        unit = np.divide(centred, norms, out=np.zeros_like(centred), where=norms > 1e-12)
-        if unit_of is None:
-            out[cols] += unit.sum(axis=0)
-        else:
-            ids, index = np.unique(unit_of[rows], return_inverse=True)
-            sums = np.zeros((len(ids), len(cols)), dtype=np.float64)
-            np.add.at(sums, index.ravel(), unit)
-            blocks.append((cols, ids, sums))
-    if unit_of is not None:
-        scale = _unit_scales(blocks, int(unit_of.max(initial=-1)) + 1)
-        for cols, ids, sums in blocks:
-            out[cols] += (sums * scale[ids, None]).sum(axis=0)
-    return out
+        blocks.append((cols, rows, np.divide(centred, norms, out=np.zeros_like(centred), where=norms > 1e-12)))
+    return _summed(blocks, len(s_labels), units)
 
 
 def embedding_sums(private: np.ndarray, private_labels: Sequence[int] | np.ndarray, labels: int,
@@ -74,31 +61,36 @@ def embedding_sums(private: np.ndarray, private_labels: Sequence[int] | np.ndarr
     `units`: clip each person's summed contribution to norm 1 (module docstring)."""
     p_labels = np.asarray(private_labels, dtype=np.int64)
     p = unit_rows(private)
-    out = np.zeros((labels, p.shape[1]), dtype=np.float64)
+    dim = p.shape[1]
+    blocks = [(np.arange(label * dim, (label + 1) * dim), rows, p[rows])
+              for label in np.unique(p_labels) for rows in [np.flatnonzero(p_labels == label)]]
+    return _summed(blocks, labels * dim, units)
+
+
+def _summed(blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]], length: int,
+            units: np.ndarray | None) -> np.ndarray:
+    """The sum of every record's vector, given per label as (its columns, its records, their vectors); with
+    `units`, each unit's vector (its sums in every label's columns: disjoint, so their squared norms add) is
+    clipped to norm 1 first. Memory: one sum per (unit, label), never a dense record x length matrix."""
+    out = np.zeros(length, dtype=np.float64)
     if units is None:
-        np.add.at(out, p_labels, p)
-        return out.reshape(-1)
-    unit_of = np.unique(np.asarray(units), return_inverse=True)[1].ravel()
-    blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (its row, units, their sums) per label
-    for label in np.unique(p_labels):
-        rows = np.flatnonzero(p_labels == label)
-        ids, index = np.unique(unit_of[rows], return_inverse=True)
-        sums = np.zeros((len(ids), p.shape[1]), dtype=np.float64)
-        np.add.at(sums, index.ravel(), p[rows])
-        blocks.append((np.array([label]), ids, sums))
-    scale = _unit_scales(blocks, int(unit_of.max(initial=-1)) + 1)
-    for row, ids, sums in blocks:
-        out[row[0]] += (sums * scale[ids, None]).sum(axis=0)
-    return out.reshape(-1)
-
-
-def _unit_scales(blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_units: int) -> np.ndarray:
-    """Each unit's clipping factor: 1 / max(1, the L2 norm of its whole vector), the vector being the unit's sums
-    in every label's block (disjoint columns, so the squared norms add). Memory: one sum per (unit, label)."""
-    squared = np.zeros(n_units, dtype=np.float64)
-    for _, ids, sums in blocks:
-        np.add.at(squared, ids, (sums ** 2).sum(axis=1))
-    return 1.0 / np.maximum(np.sqrt(squared), 1.0)
+        for cols, _, vectors in blocks:
+            out[cols] += vectors.sum(axis=0)
+        return out
+    ids, unit_of = np.unique(np.asarray(units), return_inverse=True)
+    unit_of = unit_of.ravel()
+    per_label = []
+    squared = np.zeros(len(ids), dtype=np.float64)
+    for cols, rows, vectors in blocks:
+        present, index = np.unique(unit_of[rows], return_inverse=True)
+        sums = np.zeros((len(present), vectors.shape[1]), dtype=np.float64)
+        np.add.at(sums, index.ravel(), vectors)
+        np.add.at(squared, present, (sums ** 2).sum(axis=1))
+        per_label.append((cols, present, sums))
+    scale = 1.0 / np.maximum(np.sqrt(squared), 1.0)
+    for cols, present, sums in per_label:
+        out[cols] += (sums * scale[present, None]).sum(axis=0)
+    return out
 
 
 def centroid_scores(noisy_sums: np.ndarray, synthetic: np.ndarray, synthetic_labels: Sequence[int] | np.ndarray,

@@ -52,6 +52,11 @@ class VoteSpec(BaseModel):
         return max(self.weights) if self.kind == "rank" else 1.0  # popri, embedding_sums: |entry| <= 1
 
 
+# the per-label sums of unit embeddings (relabel:, POPri's centroids), each person's clipped to norm 1 when the
+# unit of privacy is a person: sensitivity 1 per person, not k (voting/scores.py)
+EMBEDDING_SUMS = VoteSpec(kind="embedding_sums", clip_per_unit=True)
+
+
 def compute_votes(
     spec: VoteSpec,
     private: np.ndarray,
