@@ -85,19 +85,20 @@ def test_federated_single_party_view(parties: str, expected: str) -> None:
 
 
 def test_user_level() -> None:
+    """Each person's votes are clipped to one record's norm: the sensitivity is one record's (1.63298), not 8x."""
     out = _budget("wasp", "--epsilon", "4", "--iterations", "5", "--max-records-per-user", "8")
-    assert "13.06385" in out and "person (<= 8 records)" in out
+    assert "1.63298" in out and "13.06385" not in out and "person (<= 8 records)" in out
 
 
 def test_person_level_budget_plans_both_final_stages() -> None:
     """Planned without a config, a person-level run with `relabel:` and `resample:` (refused before: the planning
-    task had one label, which relabel: refuses); the histogram's sensitivity is k under add/remove, relabel's
-    sums 1 (each person's sum is clipped to norm 1)."""
+    task had one label, which relabel: refuses); both have one record's sensitivity (1 under add/remove), not k:
+    each person's histogram votes and summed embeddings are clipped to one record's norm."""
     out = _budget("zero-shot", "--epsilon", "4", "--relabel-share", "0.2", "--resample-share", "0.5",
                   "--max-records-per-user", "3")
     assert "resample.histogram x1, relabel.centroids x1" in out and "person (<= 3 records)" in out
-    assert "resample_sigma" in out and out.count("sensitivity 3.00000") == 1
-    assert "relabel_sigma" in out and out.count("sensitivity 1.00000") == 1
+    assert "resample_sigma" in out and "relabel_sigma" in out
+    assert out.count("sensitivity 1.00000") == 2 and "sensitivity 3.00000" not in out
 
 
 def test_fedgen_budget_shows_each_group_and_what_each_party_adds() -> None:

@@ -140,7 +140,8 @@ def test_adjacency_user_level_and_ablations_in_the_schedule() -> None:
 def test_votes_of_every_record_are_a_plain_gaussian_at_the_adjacencys_sensitivity() -> None:
     """q=1: no subsampling to amplify, so the votes are a Gaussian at the one-hot vote's own sensitivity, which
     under replace is sqrt(2) per record; the subsampled event's shift model charged 2 (about 47% more epsilon for
-    ten releases at sigma 10). With q < 1 the subsampled event stays (its PLD applies the adjacency)."""
+    ten releases at sigma 10). With q < 1 the subsampled event stays (its PLD applies the adjacency). A person's
+    votes (k records) are clipped to one record's norm: the same sensitivity at k = 3."""
     from dpsynth.privacy.events import GaussianEvent, SubsampledGaussianEvent
 
     for adjacency, per_record in (("add_remove", 1.0), ("replace", math.sqrt(2))):
@@ -148,7 +149,7 @@ def test_votes_of_every_record_are_a_plain_gaussian_at_the_adjacencys_sensitivit
             plan = plan_for_method("dpga", epsilon=4, adjacency=adjacency, max_records_per_user=k,
                                    options={"generations": 2, "sampling_rate": 1})
             votes = [r for r in plan.schedule.releases if r.kind == "dpga.votes"]
-            assert len(votes) == 2 and votes[0].sensitivity == pytest.approx(k * per_record)
+            assert len(votes) == 2 and votes[0].sensitivity == pytest.approx(per_record)
             assert isinstance(votes[0].event(10.0), GaussianEvent)
     sampled = plan_for_method("dpga", epsilon=4, adjacency="replace", options={"generations": 2})
     assert all(isinstance(r.event(10.0), SubsampledGaussianEvent)

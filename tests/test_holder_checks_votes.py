@@ -39,11 +39,12 @@ def _config(tmp_path: Path, method: str, **privacy) -> dict:
             "privacy": {"epsilon": 2.0, "delta": 1e-5, "noise_seed": 1, **privacy}}
 
 
-def _holder(cfg, ledger: PrivacyLedger, *, records_per_unit: int = 1, schedule_of=None) -> CentralHolder:
+def _holder(cfg, ledger: PrivacyLedger, *, records_per_unit: int = 1, schedule_of=None,
+            persons: np.ndarray | None = None) -> CentralHolder:
     plan = plan_privacy(schedule_of or cfg)
     return CentralHolder(load_private(cfg).records, task_for(cfg).label_names, _Embedder(), ledger=ledger,
                          noise=NoiseSource(1), schedule=plan.schedule, knobs=plan.calibrate(),
-                         store=ReleaseStore(None), records_per_unit=records_per_unit)
+                         store=ReleaseStore(None), records_per_unit=records_per_unit, persons=persons)
 
 
 CANDIDATES, LABELS = np.eye(8, 4, dtype=np.float32), np.array([0, 0, 0, 0, 1, 1, 1, 1])
@@ -79,18 +80,24 @@ def test_votes_the_release_was_charged_for_are_drawn(tmp_path: Path, method: str
     assert votes.shape == (asked.length(len(CANDIDATES)),) and len(ledger.events) == 1
 
 
-def test_a_schedule_that_forgot_the_person_bound_is_refused(tmp_path: Path) -> None:
-    """Votes of persons of up to 3 records drawn on a release charged for one record each: refused; the run's
-    holder (`build_holder`) knows the bound from the config."""
+def test_votes_of_persons_unclipped_on_a_release_charged_for_one_record_are_refused(tmp_path: Path) -> None:
+    """A person-level plan charges its votes one record's sensitivity (each person's votes are clipped to one
+    record's norm): votes asked without that clipping (sensitivity 3 for persons of up to 3 records) are refused,
+    and clipped votes without each record's person too; the clipped ones are drawn. The run's holder
+    (`build_holder`) knows the bound from the config."""
     person = parse_config(_config(tmp_path, "augpe", max_records_per_user=3))
-    record = parse_config(_config(tmp_path, "augpe"))
-    spec = VoteSpec(kind="rank", weights=(1.0,))
+    persons = load_private(person).person_of  # the bounded records' persons (3 of each of 10)
+    plain, clipped = VoteSpec(kind="rank", weights=(1.0,)), VoteSpec(kind="rank", weights=(1.0,), clip_per_unit=True)
     with pytest.raises(ValueError, match="charged for sensitivity 1, but the votes asked of it .* sensitivity 3"):
-        _holder(person, PrivacyLedger(2.0, 1e-5), records_per_unit=3, schedule_of=record).noisy_votes(
-            spec, CANDIDATES, LABELS, release=("augpe.votes", 1))
+        _holder(person, PrivacyLedger(2.0, 1e-5), records_per_unit=3, persons=persons).noisy_votes(
+            plain, CANDIDATES, LABELS, release=("augpe.votes", 1))
+    with pytest.raises(ValueError, match="need each record's person"):
+        _holder(person, PrivacyLedger(2.0, 1e-5), records_per_unit=3).noisy_votes(
+            clipped, CANDIDATES, LABELS, release=("augpe.votes", 1))
     ledger = PrivacyLedger(2.0, 1e-5)
-    _holder(person, ledger, records_per_unit=3).noisy_votes(spec, CANDIDATES, LABELS, release=("augpe.votes", 1))
-    assert ledger.events[0].sensitivity == pytest.approx(3.0)
+    _holder(person, ledger, records_per_unit=3, persons=persons).noisy_votes(clipped, CANDIDATES, LABELS,
+                                                                            release=("augpe.votes", 1))
+    assert ledger.events[0].sensitivity == pytest.approx(1.0)
     plan = plan_privacy(person)
     built = build_holder(plan, knobs=plan.calibrate(), ledger=PrivacyLedger(2.0, 1e-5), store=ReleaseStore(None),
                          task=task_for(person), embedder=_Embedder())
@@ -139,3 +146,22 @@ def test_a_training_request_other_than_its_release_is_refused_before_the_charge(
         with pytest.raises(ValueError, match="is not accounted as"):
             holder.train_adapter(wrong, release=("dpft.training", None))
     assert not ledger.events
+
+
+def test_the_holder_clips_each_persons_votes_with_its_own_persons(tmp_path: Path) -> None:
+    """The central holder hands each record's person (of the bounded records it holds) to the votes: at zero
+    noise its answer is the clipped votes computed from outside, which differ from the unclipped ones."""
+    from dpsynth.voting.spec import compute_votes
+
+    person = parse_config(_config(tmp_path, "augpe", max_records_per_user=3))
+    private = load_private(person)
+    plan = plan_privacy(person)
+    holder = CentralHolder(private.records, task_for(person).label_names, _Embedder(),
+                           ledger=PrivacyLedger(float("inf"), 1e-5),
+                           noise=NoiseSource(1), schedule=plan.schedule, knobs={**plan.calibrate(), "vote_sigma": 0.0},
+                           store=ReleaseStore(None), records_per_unit=3, persons=private.person_of)
+    clipped = VoteSpec(kind="rank", weights=(1.0,), clip_per_unit=True)
+    answer = holder.noisy_votes(clipped, CANDIDATES, LABELS, release=("augpe.votes", 1))
+    emb, labels = _Embedder().encode(private.records.texts), private.records.label_ids(["a", "b"])
+    assert np.allclose(answer, compute_votes(clipped, emb, labels, CANDIDATES, LABELS, units=private.person_of))
+    assert not np.allclose(answer, compute_votes(clipped, emb, labels, CANDIDATES, LABELS))

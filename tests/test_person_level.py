@@ -1,5 +1,6 @@
-"""Person-level DP (issue 36): the data holder bounds each person to k records, every release's sensitivity is
-that of k records, and settings that cannot keep the promise are refused."""
+"""Person-level DP (issue 36): the data holder bounds each person to k records, a count histogram's sensitivity is
+that of k records and a vote release's one record's (each person's votes are clipped to one record's norm), and
+settings that cannot keep the promise are refused."""
 
 from __future__ import annotations
 
@@ -144,21 +145,28 @@ def test_brute_force_over_neighbours_that_replace_one_person(spec: VoteSpec, k: 
         assert worst == pytest.approx(bound)
 
 
-@pytest.mark.parametrize("kind", ["popri", "embedding_sums"])
+CLIPPED = {"popri": VoteSpec(kind="popri", clip_per_unit=True),
+           "embedding_sums": VoteSpec(kind="embedding_sums", clip_per_unit=True),
+           "wasp": VoteSpec(kind="wasp", q=3, clip_per_unit=True),
+           "rank": VoteSpec(kind="rank", weights=(1.0,), clip_per_unit=True),
+           "rank_weighted": VoteSpec(kind="rank", weights=(1.0, 0.5, 0.25), clip_per_unit=True)}
+
+
+@pytest.mark.parametrize("kind", list(CLIPPED))
 @pytest.mark.parametrize("adjacency", [Adjacency.ADD_REMOVE, Adjacency.REPLACE])
-def test_signed_votes_clipped_per_person_move_by_one_records_worth_whatever_k(kind: str,
-                                                                             adjacency: Adjacency) -> None:
-    """`clip_per_unit`: each person's summed vector is clipped to norm 1, so removing (or replacing) any person
-    moves the sum by at most 1 (2), the sensitivity of one record, at k = 3 and even without the k-bound; the
-    heavy person with identical records attains it. Unclipped, the same person moves it by k."""
+def test_votes_clipped_per_person_move_by_one_records_worth_whatever_k(kind: str, adjacency: Adjacency) -> None:
+    """`clip_per_unit`: each person's summed vector is clipped to the largest norm of one record's (1 for the
+    signed kinds, ||w|| for rank votes, both sides' for WASP's), so removing (or replacing) any person moves the
+    votes by at most one record's sensitivity, at k = 3 and even without the k-bound; the heavy person with
+    identical records attains it. Unclipped, the same person moves them by k times that."""
     rng = np.random.default_rng(7)
     loaded, emb = _heavy_person_and_newcomer(rng, [5, 1, 2, 6, 1, 4], extra=5)
     n, d, extra = len(loaded.records), 5, 5
-    if kind == "embedding_sums":
+    clipped = CLIPPED[kind]
+    if clipped.kind == "embedding_sums":
         cand, cand_labels = np.zeros((2, d)), np.arange(2)
     else:
-        cand, cand_labels = rng.normal(size=(12, d)), rng.integers(0, 2, 12)
-    clipped = VoteSpec(kind=kind, clip_per_unit=True)
+        cand, cand_labels = rng.normal(size=(12, d)), np.arange(12) % 2
 
     def neighbour(person: str) -> LoadedRecords:
         rest = _without(loaded, person)
@@ -176,19 +184,20 @@ def test_signed_votes_clipped_per_person_move_by_one_records_worth_whatever_k(ki
         return compute_votes(spec, emb[rows], np.array([int(y) for y in records.labels]), cand, cand_labels,
                              units=persons)
 
+    one_record = vote_sensitivity(clipped, adjacency, max_records_per_user=1)
     for k in (3, None):  # bounded to 3 records a person, and not bounded at all
         bound = vote_sensitivity(clipped, adjacency, max_records_per_user=3)
-        assert bound == (2.0 if adjacency is Adjacency.REPLACE else 1.0)
+        assert bound == one_record
         moves = {p: float(np.linalg.norm(votes(loaded, clipped, k) - votes(neighbour(p), clipped, k)))
                  for p in sorted(set(loaded.persons or []))}
         assert max(moves.values()) <= bound + 1e-9
+    unclipped = clipped.model_copy(update={"clip_per_unit": False})
     if adjacency is Adjacency.ADD_REMOVE:
-        assert moves["p0"] == pytest.approx(1.0)
-        unclipped = VoteSpec(kind=kind)
+        assert moves["p0"] == pytest.approx(one_record)
         assert float(np.linalg.norm(votes(loaded, unclipped, 3) - votes(neighbour("p0"), unclipped, 3))) == \
-            pytest.approx(3.0)
+            pytest.approx(3 * one_record)
     # records as their own units (record-level runs): the clipped votes are the unclipped ones
-    flat = compute_votes(VoteSpec(kind=kind), emb[:n], np.array([int(y) for y in loaded.records.labels]), cand,
+    flat = compute_votes(unclipped, emb[:n], np.array([int(y) for y in loaded.records.labels]), cand,
                          cand_labels)
     assert np.allclose(compute_votes(clipped, emb[:n], np.array([int(y) for y in loaded.records.labels]), cand,
                                      cand_labels), flat)
@@ -196,25 +205,37 @@ def test_signed_votes_clipped_per_person_move_by_one_records_worth_whatever_k(ki
 
 def test_clipped_votes_equal_their_definition_computed_record_by_record() -> None:
     """The per-(person, label) sums give what clipping each person's whole dense vector gives (persons with
-    records in several labels included)."""
+    records in several labels included), for the signed kinds (radius 1) and the rank-weighted ones (radius: one
+    record's largest norm), on the CPU's numpy path and torch's device path alike."""
+    from dpsynth.voting.rank_votes import rank_votes, wasp_votes
     from dpsynth.voting.scores import embedding_sums, popri_scores
 
     rng = np.random.default_rng(3)
     n, d, labels = 40, 6, 3
     emb, y, persons = rng.normal(size=(n, d)), rng.integers(0, labels, n), rng.integers(0, 9, n)
-    cand, cand_labels = rng.normal(size=(15, d)), rng.integers(0, labels, 15)
+    cand, cand_labels = rng.normal(size=(15, d)), np.arange(15) % labels
 
-    def by_definition(per_record: list[np.ndarray]) -> np.ndarray:
+    def by_definition(per_record: list[np.ndarray], radius: float) -> np.ndarray:
         out = 0.0
         for person in np.unique(persons):
             v = sum(per_record[i] for i in np.flatnonzero(persons == person))
-            out = out + v / max(1.0, float(np.linalg.norm(v)))
+            out = out + v * min(1.0, radius / float(np.linalg.norm(v)))
         return out
 
-    for votes in (lambda rows, **kw: embedding_sums(emb[rows], y[rows], labels, **kw),
-                  lambda rows, **kw: popri_scores(emb[rows], y[rows], cand, cand_labels, **kw)):
+    weights = (1.0, 0.5, 0.25)
+    kinds = [(lambda rows, **kw: embedding_sums(emb[rows], y[rows], labels, **kw), 1.0),
+             (lambda rows, **kw: popri_scores(emb[rows], y[rows], cand, cand_labels, **kw), 1.0),
+             (lambda rows, **kw: wasp_votes(emb[rows], y[rows], cand, cand_labels, 3, **kw),
+              vote_sensitivity(VoteSpec(kind="wasp", q=3))),
+             (lambda rows, **kw: rank_votes(emb[rows], y[rows], cand, cand_labels, weights, **kw)[0],
+              vote_sensitivity(VoteSpec(kind="rank", weights=weights))),
+             (lambda rows, **kw: wasp_votes(emb[rows], y[rows], cand, cand_labels, 3, device="cpu", **kw),
+              vote_sensitivity(VoteSpec(kind="wasp", q=3)))]
+    for votes, radius in kinds:
         per_record = [votes(np.array([i])) for i in range(n)]
-        assert np.allclose(votes(np.arange(n), units=persons), by_definition(per_record))
+        clipped = votes(np.arange(n), units=persons)
+        assert np.allclose(clipped, by_definition(per_record, radius))
+        assert not np.allclose(clipped, votes(np.arange(n)))  # some person's votes were clipped
 
 
 def _file(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
@@ -291,3 +312,67 @@ def test_a_missing_person_column_names_the_columns(tmp_path: Path) -> None:
     path = _file(tmp_path, [("x", "a", "p")])
     with pytest.raises(DpsynthError, match=r"person column 'person' not found; columns are: text, label, patient"):
         load_records(path, person_column="person")
+
+
+@pytest.mark.parametrize("method,extra,vote_kind,one_record", [
+    ("wasp", {}, "wasp.votes", 1.632981),
+    ("augpe", {"resample": {"clusters": 2}}, "augpe.votes", 1.0),
+    ("dpga", {"dpga": {"n": 12, "generations": 2, "length_cap": 64, "sampling_rate": 1.0}}, "dpga.votes", 1.0),
+])
+def test_person_level_runs_charge_each_vote_release_one_records_worth(method: str, extra: dict, vote_kind: str,
+                                                                      one_record: float, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end on the fake backend, persons of up to 5 records bounded to k=3: every vote release (WASP's,
+    Aug-PE's with `resample:`'s histogram, DPGA's of every record) is charged one record's sensitivity, the
+    votes each method's steps ask are clipped per person (the holder refuses unclipped votes on such a release),
+    and the label histogram stays k-fold (3)."""
+    import json
+
+    import yaml
+    from fakes import FakeGenerator
+    from test_engine import _config as engine_config
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import _typer_app
+
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    FakeGenerator.calls, FakeGenerator.fail_after = [], None
+    raw = engine_config(tmp_path, method)
+    rows = (tmp_path / "private.csv").read_text().splitlines()
+    (tmp_path / "private.csv").write_text("\n".join([rows[0] + ",who"] + [f"{r},p{i // 5}"
+                                                                          for i, r in enumerate(rows[1:])]))
+    raw["data"]["person_column"] = "who"
+    raw["privacy"].update(max_records_per_user=3, noise_seed=1)
+    raw.update(extra)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(_typer_app, ["run", str(tmp_path / "run.yaml"), "-o", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    events = json.loads((tmp_path / "run" / "privacy.json").read_text())["events"]
+    votes = [e for e in events if e["name"].startswith(vote_kind)]
+    assert votes and [e["sensitivity"] for e in votes] == [pytest.approx(one_record, abs=1e-6)] * len(votes)
+    if method == "augpe":
+        assert [e["sensitivity"] for e in events if e["name"].startswith("resample")] == [pytest.approx(1.0)]
+    labels = [e for e in events if e["name"] in ("labels.histogram", "dpga.labels")]
+    assert labels and labels[0]["sensitivity"] == pytest.approx(3.0)
+
+
+def test_the_clip_radius_is_one_records_largest_norm_over_the_candidates_labels() -> None:
+    """WASP at Q=8 with 6 candidates in label 0 and 3 in label 1: one record votes on at most 6 per side, so each
+    person is clipped to sqrt(2 (1 + 1/4 + ... + 4^-5)), below the Q=8 sensitivity the plan charges. A person of
+    three identical records in label 1 (one record's norm there: Q'=3) is clipped to that radius, not to its own
+    label's single-record norm: it moves the votes by the radius, still within the charge."""
+    from dpsynth.privacy.sensitivity import wasp_topq_sensitivity
+
+    rng = np.random.default_rng(5)
+    cand, cand_labels = rng.normal(size=(9, 4)), np.array([0] * 6 + [1] * 3)
+    emb, labels = rng.normal(size=(10, 4)), np.array([0] * 5 + [1] * 5)
+    emb[7:] = emb[7]  # person 9: three identical records of label 1
+    persons = np.array([0, 1, 2, 3, 4, 5, 6, 9, 9, 9])
+    spec = VoteSpec(kind="wasp", q=8, clip_per_unit=True)
+    full = compute_votes(spec, emb, labels, cand, cand_labels, units=persons)
+    moves = {p: float(np.linalg.norm(full - compute_votes(spec, emb[persons != p], labels[persons != p], cand,
+                                                            cand_labels, units=persons[persons != p])))
+             for p in np.unique(persons)}
+    radius = wasp_topq_sensitivity(8, candidates_per_label=6)
+    assert moves[9] == pytest.approx(radius) and moves[9] > wasp_topq_sensitivity(8, candidates_per_label=3)
+    assert max(moves.values()) <= radius + 1e-9 < vote_sensitivity(spec, max_records_per_user=3)

@@ -175,8 +175,9 @@ class PrivacyConfig(Section):
         "or replace (one swapped for another: the sensitivities and the accounting change, docs/privacy.md)")
     max_records_per_user: PositiveInt = Field(
         1, description="k: records one person may contribute (needs data.person_column; the data holder keeps at "
-        "most k of each person's records, and every release's sensitivity is that of k records; DP-SGD clips "
-        "each person's summed gradient instead)")
+        "most k of each person's records; the vote releases clip each person's summed votes and DP-SGD each "
+        "person's summed gradient to one record's norm, so they cost one record's sensitivity; the count "
+        "histograms (label_proportions: dp, DPGA's) that of k records)")
     label_proportions: Literal["uniform", "dp"] | dict[str, float] | None = Field(
         None, description="uniform, public proportions {label: share}, or 'dp' (noisy label counts, accounted); "
         "unset: the method's default (uniform, except DPGA and fedgen, which release their own DP label "
@@ -381,6 +382,17 @@ def records_per_unit(config: RunConfig) -> int:
     if fed is not None and fed.unit == "party":
         return fed.max_records_per_party
     return config.privacy.max_records_per_user
+
+
+def votes_clipped_per_person(config: RunConfig) -> bool:
+    """A central run whose unit is a person clips each person's summed votes to the largest norm one record's can
+    have (`VoteSpec.clip_per_unit`), so its vote releases cost one record's sensitivity whatever k."""
+    return config.data.person_column is not None and config.federated is None
+
+
+def vote_records_per_unit(config: RunConfig) -> int:
+    """Records one unit's votes weigh as in their sensitivity: one where they are clipped per person."""
+    return 1 if votes_clipped_per_person(config) else records_per_unit(config)
 
 
 def noise_parties(config: RunConfig) -> tuple[int, int | None]:

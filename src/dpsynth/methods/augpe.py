@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from dpsynth.config import records_per_unit
+from dpsynth.config import records_per_unit, vote_records_per_unit, votes_clipped_per_person
 from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.base import (
@@ -212,7 +212,8 @@ class AugPE(Method[AugPEOptions, AugPEState]):
 
     def schedule(self) -> Schedule:
         """Votes on population t-1, cast in iterations 1..T-1 (iteration 0 is the random API)."""
-        sens = pe_top1_sensitivity(self.config.privacy.adjacency, max_records_per_user=records_per_unit(self.config))
+        sens = pe_top1_sensitivity(self.config.privacy.adjacency,
+                                   max_records_per_user=vote_records_per_unit(self.config))
         p, t_max = self.config.privacy, self.options.iterations
         guess = None if math.isinf(p.epsilon) else gaussian_sigma_closed_form(p.epsilon, p.delta, [sens] * (t_max - 1))
         return Schedule(
@@ -282,7 +283,8 @@ class AugPE(Method[AugPEOptions, AugPEState]):
 
     def _noisy_votes(self, ctx: StepContext, state: AugPEState, t: int) -> np.ndarray:
         a = self.options
-        spec = VoteSpec(kind="rank", weights=tuple(vote_weights(a.votes, a.k)))
+        spec = VoteSpec(kind="rank", weights=tuple(vote_weights(a.votes, a.k)),
+                        clip_per_unit=votes_clipped_per_person(self.config))
         noisy = ctx.noisy_votes_on(state.population, spec, self.release("votes", t),
                                    f"iteration {t}: embed + vote + noise")
         return apply_threshold(noisy, a.threshold)
@@ -304,8 +306,11 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         return {"zero_shot": list(state.initial)}
 
     def paper_formula(self, epsilon: float, delta: float) -> PaperFormula:
-        sens = pe_top1_sensitivity(self.config.privacy.adjacency, max_records_per_user=records_per_unit(self.config))
+        m = records_per_unit(self.config)
+        sens = pe_top1_sensitivity(self.config.privacy.adjacency, max_records_per_user=m)
+        per_person = f" x{m} records per person (a person's votes unclipped; ours clips them)" if m > 1 else ""
         return PaperFormula(
-            description="Aug-PE/PE: Top-1 sensitivity, exact Gaussian-DP composition (same as ours)", sensitivity=sens,
+            description=f"Aug-PE/PE: Top-1 sensitivity{per_person}, exact Gaussian-DP composition (same as ours)",
+            sensitivity=sens,
             knob=VOTE_SIGMA,
             value=gaussian_sigma_closed_form(epsilon, delta, [sens] * (self.options.iterations - 1)))

@@ -35,7 +35,7 @@ import time
 import numpy as np
 from pydantic import Field, PositiveInt, model_validator
 
-from dpsynth.config import RunConfig, records_per_unit
+from dpsynth.config import RunConfig, records_per_unit, vote_records_per_unit, votes_clipped_per_person
 from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate.distribution import mean_pairwise_cosine
@@ -185,7 +185,8 @@ class DPGA(Method[DPGAOptions, DPGAState]):
         generations = range(1, o.generations + 1)
         if o.sampling_rate < 1:
             # the PLD of a subsampled Gaussian applies the adjacency itself: give it one unit's own norm
-            vote_sens = pe_top1_sensitivity(Adjacency.ADD_REMOVE, max_records_per_user=m)
+            vote_sens = pe_top1_sensitivity(Adjacency.ADD_REMOVE,
+                                            max_records_per_user=vote_records_per_unit(self.config))
             votes = subsampled_gaussian_events(o.sampling_rate, vote_sens)
             releases += [Release(f"{self.name}.votes", t, VOTES, votes, vote_sens) for t in generations]
             note = f"Poisson-subsampled Top-1 votes, q={o.sampling_rate}"
@@ -193,7 +194,8 @@ class DPGA(Method[DPGAOptions, DPGAState]):
             # every record votes: a plain Gaussian at the adjacency's own sensitivity (under replace sqrt(2) per
             # record for one-hot votes, where the subsampled event's shift model would charge 2)
             releases += gaussian_releases(f"{self.name}.votes", list(generations), VOTES,
-                                          pe_top1_sensitivity(p.adjacency, max_records_per_user=m))
+                                          pe_top1_sensitivity(p.adjacency,
+                                                              max_records_per_user=vote_records_per_unit(self.config)))
             note = "Top-1 votes of every record (q=1)"
         subsampled = "subsampled " if o.sampling_rate < 1 else ""
         knobs.append(Knob(VOTES, guess=None if math.isinf(p.epsilon) else 5.0,
@@ -254,7 +256,9 @@ class DPGA(Method[DPGAOptions, DPGAState]):
     def _generation(self, ctx: StepContext, state: DPGAState, t: int) -> dict:
         o = self.options
         pop = state.population
-        noisy = ctx.noisy_votes_on(pop, VoteSpec(kind="rank", weights=(1.0,), sampling_rate=o.sampling_rate),
+        spec = VoteSpec(kind="rank", weights=(1.0,), sampling_rate=o.sampling_rate,
+                        clip_per_unit=votes_clipped_per_person(self.config))
+        noisy = ctx.noisy_votes_on(pop, spec,
                                    self.release("votes", t), f"iteration {t}: embed + vote + noise")
         emb = ctx.embed_synthetic(pop)  # cached: the embeddings the votes were computed on
         elite_total = max(1, round(o.n * o.elite_fraction))

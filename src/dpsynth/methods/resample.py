@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from dpsynth.config import ResampleConfig, RunConfig, records_per_unit
+from dpsynth.config import ResampleConfig, RunConfig, vote_records_per_unit
 from dpsynth.errors import DpsynthError
 from dpsynth.methods.generation import SyntheticSample, split_count
 from dpsynth.privacy.schedule import Schedule, final_stage_knob, gaussian_releases
@@ -46,7 +46,7 @@ def resample_schedule(config: RunConfig, method_schedule: Schedule) -> Schedule:
     r = config.resample
     if r is None:
         return Schedule((), ())
-    sens = pe_top1_sensitivity(config.privacy.adjacency, max_records_per_user=records_per_unit(config))
+    sens = pe_top1_sensitivity(config.privacy.adjacency, max_records_per_user=vote_records_per_unit(config))
     knob = final_stage_knob(RESAMPLE_SIGMA, r, method_schedule, "resample", "Gaussian noise on the cluster histogram")
     how = "every sample weighted by it (resample.weights)" if r.weights else "papers/001, Algorithm 2"
     return Schedule(gaussian_releases(RESAMPLE, [None], RESAMPLE_SIGMA, sens), (knob,),
@@ -153,12 +153,14 @@ def suggested_clusters(noisy: np.ndarray, sigma: float, labels: int, ratio: floa
 
 def resample_stage(options: ResampleConfig, *, samples: list[SyntheticSample], embeddings: np.ndarray,
                    label_ids: np.ndarray, labels: int, holder, release: tuple[str, int | None], sigma: float,
-                   seed: int) -> tuple[list[SyntheticSample], dict]:
-    """Cluster, ask the holder for the noisy histogram of `release`, resample. Returns (samples, record)."""
+                   seed: int, clip_per_person: bool) -> tuple[list[SyntheticSample], dict]:
+    """Cluster, ask the holder for the noisy histogram of `release`, resample. Returns (samples, record).
+    `clip_per_person`: each person's votes clipped to one record's (`config.votes_clipped_per_person`)."""
     if not samples:
         raise DpsynthError("resample: the method produced no samples to resample")
     centroids, centroid_labels, assignment = cluster_within_labels(embeddings, label_ids, options.clusters, seed)
-    noisy = holder.noisy_votes(VoteSpec(kind="rank", weights=(1.0,)), centroids, centroid_labels, release=release)
+    noisy = holder.noisy_votes(VoteSpec(kind="rank", weights=(1.0,), clip_per_unit=clip_per_person), centroids,
+                               centroid_labels, release=release)
     if len(noisy) != len(centroids):  # a resumed run re-clusters: the saved histogram must fit its bins
         raise DpsynthError(f"resample: the saved histogram has {len(noisy)} bins, the clustering {len(centroids)}; "
                            "the run cannot resume this stage")

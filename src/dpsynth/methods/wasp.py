@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from dpsynth.config import records_per_unit
+from dpsynth.config import records_per_unit, votes_clipped_per_person
 from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError, warn_user
 from dpsynth.llm.base import GenerationRequest
@@ -47,7 +47,7 @@ from dpsynth.methods.generation import (
 from dpsynth.methods.registry import register
 from dpsynth.privacy.calibrate import gaussian_sigma_closed_form
 from dpsynth.privacy.schedule import Knob, Schedule, gaussian_releases
-from dpsynth.privacy.sensitivity import wasp_topq_sensitivity
+from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.prompts.builder import PromptSettings, build_request
 from dpsynth.voting.spec import VoteSpec
 
@@ -194,9 +194,12 @@ class Wasp(Method[WaspOptions, WaspState]):
                           f"{per_label} = n / iterations / labels), so it acts as {per_label}; lower wasp.{option} "
                           "or raise wasp.n")
 
+    def vote_spec(self) -> VoteSpec:
+        return VoteSpec(kind="wasp", q=self.options.q, clip_per_unit=votes_clipped_per_person(self.config))
+
     def sensitivity(self) -> float:
-        return wasp_topq_sensitivity(self.options.q, self.config.privacy.adjacency,
-                                     max_records_per_user=records_per_unit(self.config))
+        return vote_sensitivity(self.vote_spec(), self.config.privacy.adjacency,
+                                max_records_per_user=records_per_unit(self.config))
 
     def schedule(self) -> Schedule:
         """Votes cast after generating in iterations 0..T-2 (the last iteration's would be unused)."""
@@ -247,7 +250,7 @@ class Wasp(Method[WaspOptions, WaspState]):
         return record
 
     def _noisy_votes(self, ctx: StepContext, state: WaspState, t: int) -> tuple[np.ndarray, np.ndarray]:
-        noisy = ctx.noisy_votes_on(state.samples, VoteSpec(kind="wasp", q=self.options.q), self.release("votes", t),
+        noisy = ctx.noisy_votes_on(state.samples, self.vote_spec(), self.release("votes", t),
                                    f"iteration {t}: embed + vote + noise")
         n = len(state.samples)
         return noisy[:n], noisy[n:]

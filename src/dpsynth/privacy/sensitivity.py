@@ -99,16 +99,17 @@ def signed_unit_sensitivity(adjacency: Adjacency = Adjacency.ADD_REMOVE, *, max_
 def vote_sensitivity(spec: VoteSpec, adjacency: Adjacency = Adjacency.ADD_REMOVE, *,
                      max_records_per_user: int = 1, candidates_per_label: int | None = None) -> float:
     """L2 sensitivity of the vote vector a `VoteSpec` asks for: the one derivation the central methods and the
-    federated parties' own ledgers share."""
+    federated parties' own ledgers share. A spec clipped per unit moves it by one record's worth whatever the unit
+    holds: each unit's summed vector is scaled to the largest norm one record's can have (`voting/`)."""
+    if spec.clip_per_unit:
+        max_records_per_user = 1
     if spec.kind == "wasp":
         return wasp_topq_sensitivity(spec.q, adjacency, max_records_per_user=max_records_per_user,
                                      candidates_per_label=candidates_per_label)
     if spec.kind == "label_counts":
         return histogram_sensitivity(adjacency, max_records_per_user=max_records_per_user)
     if spec.kind in ("popri", "embedding_sums"):
-        # clipped per unit: one unit moves the sum by at most one clipped vector, whatever records it holds
-        return signed_unit_sensitivity(adjacency, max_records_per_user=1 if spec.clip_per_unit
-                                       else max_records_per_user)
+        return signed_unit_sensitivity(adjacency, max_records_per_user=max_records_per_user)
     return rank_votes_sensitivity(spec.weights, adjacency, max_records_per_user=max_records_per_user)
 
 

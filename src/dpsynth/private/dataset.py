@@ -6,7 +6,8 @@ state an exact record count.
 
 With `data.person_column` the unit of privacy is a person: before anything else sees the records,
 each person keeps at most k = `privacy.max_records_per_user` of them, so that every release's
-sensitivity (computed for k records) holds for a whole person. Which k are kept is decided per person
+sensitivity (that of k records for the count histograms, one record's where a person's votes or gradients are
+clipped as a whole) holds for a whole person. Which k are kept is decided per person
 by a keyed hash of that person's own records under a fixed salt (or one drawn from `noise_seed`), so
 adding or removing one person changes no other person's selection: neighbouring data sets stay at
 most k records apart after the bound, which is what the accounting assumes. The salt need not be secret

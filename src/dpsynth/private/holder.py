@@ -275,6 +275,8 @@ class CentralHolder(ReleasingHolder):
 
     def noisy_votes(self, spec: VoteSpec, candidates: np.ndarray, candidate_labels: np.ndarray, *,
                     release: ReleaseKey) -> np.ndarray:
+        if spec.clip_per_unit and self.records_per_unit > 1 and self.__persons is None:
+            raise ValueError("votes clipped per person need each record's person (data.person_column)")
         self._check_vote_charge(release, spec)
 
         def draw(r: Release, value: float) -> np.ndarray:

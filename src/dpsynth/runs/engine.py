@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from dpsynth.config import RunConfig
+from dpsynth.config import RunConfig, votes_clipped_per_person
 from dpsynth.data.public import load_test, task_for
 from dpsynth.data.records import LabelledTexts
 from dpsynth.device import resolve_device
@@ -442,7 +442,8 @@ class Run:
         chosen, stats = resample_stage(self.config.resample, samples=samples, embeddings=embeddings,
                                        label_ids=ctx.label_ids(samples), labels=len(ctx.task.label_names),
                                        holder=ctx.holder, release=(RESAMPLE, None),
-                                       sigma=live.knobs[RESAMPLE_SIGMA], seed=self.config.seed)
+                                       sigma=live.knobs[RESAMPLE_SIGMA], seed=self.config.seed,
+                                       clip_per_person=votes_clipped_per_person(self.config))
         live.state.resampled = chosen
         ctx.phase("resampling to a DP cluster histogram", 1)
         return {"iteration": t, "resample": stats}

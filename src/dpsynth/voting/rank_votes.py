@@ -45,6 +45,7 @@ def rank_votes(
     furthest: bool = False,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     device: str | None = None,
+    units: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Histograms over synthetic samples (length N each) of rank-weighted votes.
 
@@ -53,7 +54,10 @@ def rank_votes(
     synthetic candidates than len(weights) receives only the first
     `n_candidates` weights from each of its private samples. `device` ('cuda' or
     'cpu'): the distance blocks and their top-k in torch on that device (None:
-    numpy/BLAS); the histograms are the same up to float ties.
+    numpy/BLAS); the histograms are the same up to float ties. `units`: each
+    private row's unit (person); each unit's summed votes (both histograms
+    together) are scaled down to the largest norm one record's votes can have
+    (`_clipped_per_unit`), so a person moves the histograms as one record can.
     """
     private = np.asarray(private, dtype=np.float32)
     synthetic = np.asarray(synthetic, dtype=np.float32)
@@ -63,18 +67,28 @@ def rank_votes(
     if private.ndim != 2 or synthetic.ndim != 2 or private.shape[1] != synthetic.shape[1]:
         raise ValueError(f"embedding shapes differ: private {private.shape}, synthetic {synthetic.shape}")
     sides = [side for side, wanted in (("near", nearest), ("far", furthest)) if wanted]
-    hists = {side: np.zeros(len(synthetic), dtype=np.float64) for side in sides}
+    n = len(synthetic)
+    hists = np.zeros(len(sides) * n, dtype=np.float64)  # the sides' histograms, concatenated
+    votes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # with units: (rows, columns, weights) kept
+
+    def cast(rows: np.ndarray, side: int, top: np.ndarray, cand: np.ndarray, k: int) -> None:
+        columns, weights = side * n + cand[top].ravel(), np.tile(w[:k], len(top))
+        if units is None:
+            hists[:] += np.bincount(columns, weights=weights, minlength=len(hists))
+        else:
+            votes.append((np.repeat(rows, k), columns, weights))
+
     for label in np.unique(p_labels):
         cand = np.flatnonzero(s_labels == label)
         if len(cand) == 0:
             continue
-        voters = private[p_labels == label]
+        rows = np.flatnonzero(p_labels == label)
+        voters = private[rows]
         k = min(len(w), len(cand))
         if device is not None:
-            for side, top in zip(sides, _extremes_on(device, voters, synthetic[cand], k, "near" in sides,
-                                                       "far" in sides, block_bytes)):
-                hists[side] += np.bincount(cand[top].ravel(), weights=np.tile(w[:k], len(top)),
-                                           minlength=len(synthetic))
+            for side, top in enumerate(_extremes_on(device, voters, synthetic[cand], k, "near" in sides,
+                                                    "far" in sides, block_bytes)):
+                cast(rows, side, top, cand, k)
             continue
         s = synthetic[cand]
         s_sq = np.einsum("ij,ij->i", s, s)
@@ -84,11 +98,33 @@ def rank_votes(
             score = block @ s.T  # squared distance minus the row constant, built in place
             score *= -2.0
             score += s_sq[None, :]
-            for side, top in zip(sides, _extremes(score, k, "near" in sides, "far" in sides)):
-                hists[side] += np.bincount(
-                    cand[top].ravel(), weights=np.tile(w[:k], len(top)), minlength=len(synthetic)
-                )
-    return [hists[side] for side in sides]
+            for side, top in enumerate(_extremes(score, k, "near" in sides, "far" in sides)):
+                cast(rows[start : start + rows_per_block], side, top, cand, k)
+    if units is not None:
+        # the largest norm of one record's votes: its label's first min(len(w), candidates) weights on each side
+        most = min(len(w), int(np.unique(s_labels, return_counts=True)[1].max(initial=0)))
+        radius = float(np.sqrt(len(sides) * np.sum(w[:most] ** 2)))
+        hists = _clipped_per_unit(votes, np.asarray(units), radius, len(hists))
+    return [hists[i * n : (i + 1) * n] for i in range(len(sides))]
+
+
+def _clipped_per_unit(votes: list[tuple[np.ndarray, np.ndarray, np.ndarray]], units: np.ndarray, radius: float,
+                      length: int) -> np.ndarray:
+    """The sum over units of each unit's summed vote vector, scaled to L2 norm at most `radius`.
+
+    `votes`: (private rows, columns, weights) of every vote cast. Sparse throughout: one entry per (unit,
+    column) voted for, never a dense units x length matrix. The vectors are non-negative, so a clipped unit
+    still changes the sum by at most `radius` when removed (sqrt(2) radius when replaced)."""
+    if not votes:
+        return np.zeros(length, dtype=np.float64)
+    rows, columns, weights = (np.concatenate(part) for part in zip(*votes))
+    unit_of = np.unique(units, return_inverse=True)[1].ravel()[rows].astype(np.int64)
+    cells, index = np.unique(unit_of * length + columns, return_inverse=True)
+    sums = np.bincount(index.ravel(), weights=weights)  # each (unit, column)'s summed votes
+    unit, column = cells // length, cells % length
+    norms = np.sqrt(np.bincount(unit, weights=sums ** 2))
+    scale = radius / np.maximum(norms, radius)  # 1 for a unit within the radius
+    return np.bincount(column, weights=sums * scale[unit], minlength=length)
 
 
 def _extremes_on(device: str, voters: np.ndarray, s: np.ndarray, k: int, nearest: bool, furthest: bool,
@@ -151,11 +187,12 @@ def wasp_votes(
     *,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     device: str | None = None,
+    units: np.ndarray | None = None,
 ) -> np.ndarray:
     """WASP's Top-Q nearest and furthest histograms, concatenated: shape (2N,).
 
     Released together as one vector, which is what the L2 sensitivity
-    `wasp_topq_sensitivity` is about.
+    `wasp_topq_sensitivity` is about (and what `units` clips per unit).
     """
     near, far = rank_votes(
         private,
@@ -167,5 +204,6 @@ def wasp_votes(
         furthest=True,
         block_bytes=block_bytes,
         device=device,
+        units=units,
     )
     return np.concatenate([near, far])

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from dpsynth.voting.rank_votes import rank_votes, wasp_votes
 from dpsynth.voting.scores import embedding_sums, popri_scores
 
-SIGNED_KINDS = ("popri", "embedding_sums")  # signed vectors of norm <= 1 per record
+# the vector kinds, whose per-person sums can be clipped to one record's largest norm (label counts are not clipped)
+CLIPPABLE_KINDS = ("wasp", "rank", "popri", "embedding_sums")
 
 
 class VoteSpec(BaseModel):
@@ -32,14 +33,15 @@ class VoteSpec(BaseModel):
     weights: tuple[float, ...] = Field((1.0,), description="rank: weight of the r-th nearest candidate")
     sampling_rate: float = Field(1.0, gt=0, le=1, description="Poisson subsampling: each record votes with this "
                                  "probability, drawn by the data holder from its secret noise stream")
-    clip_per_unit: bool = Field(False, description="popri, embedding_sums: each unit's (person's) summed vector is "
-                                "clipped to norm 1, so the sensitivity is that of one record whatever the unit holds "
-                                "(central data holder only: it knows each record's person)")
+    clip_per_unit: bool = Field(False, description="wasp, rank, popri, embedding_sums: each unit's (person's) summed "
+                                "vector is clipped to the largest norm one record's can have (1 for the signed kinds), "
+                                "so the L2 sensitivity is that of one record whatever the unit holds (central data "
+                                "holder only: it knows each record's person)")
 
     @model_validator(mode="after")
-    def _clip_signed_kinds_only(self) -> VoteSpec:
-        if self.clip_per_unit and self.kind not in SIGNED_KINDS:
-            raise ValueError(f"clip_per_unit applies to {' and '.join(SIGNED_KINDS)} votes, not {self.kind}")
+    def _clip_vectors_only(self) -> VoteSpec:
+        if self.clip_per_unit and self.kind not in CLIPPABLE_KINDS:
+            raise ValueError(f"clip_per_unit applies to {', '.join(CLIPPABLE_KINDS)} votes, not {self.kind}")
         return self
 
     def length(self, candidates: int, width: int = 1) -> int:
@@ -72,7 +74,8 @@ def compute_votes(
     # without units each record is its own unit, and a record's vector (norm <= 1) needs no clipping
     clip_units = np.asarray(units) if spec.clip_per_unit and units is not None else None
     if spec.kind == "wasp":
-        return wasp_votes(private, private_labels, synthetic, synthetic_labels, spec.q, device=device)
+        return wasp_votes(private, private_labels, synthetic, synthetic_labels, spec.q, device=device,
+                          units=clip_units)
     if spec.kind == "label_counts":
         return np.bincount(np.asarray(private_labels, dtype=np.int64), minlength=len(synthetic_labels)).astype(
             np.float64)
@@ -80,5 +83,6 @@ def compute_votes(
         return popri_scores(private, private_labels, synthetic, synthetic_labels, units=clip_units)
     if spec.kind == "embedding_sums":
         return embedding_sums(private, private_labels, len(synthetic_labels), units=clip_units)
-    (votes,) = rank_votes(private, private_labels, synthetic, synthetic_labels, spec.weights, device=device)
+    (votes,) = rank_votes(private, private_labels, synthetic, synthetic_labels, spec.weights, device=device,
+                          units=clip_units)
     return votes
