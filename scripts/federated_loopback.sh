@@ -7,6 +7,8 @@
 #   STRONG_PARTIES="0 1" scripts/federated_loopback.sh ...   (method fedgen: parties 0 and 1 train)
 #   PARTY_EPSILON=8 scripts/federated_loopback.sh ...         (each party refuses answers past epsilon 8 over
 #                                                              every run on its file; its ledger: FILE.privacy-ledger.json)
+#   PARTY_TRUSTED=2 scripts/federated_loopback.sh ...         (each party counts at most 2 noise shares in a sum,
+#                                                              whatever the server's min_parties says)
 #
 # RUN.yaml must use `federated: {partition: nodes, parties: <number of files>}` and give task.
 set -euo pipefail
@@ -37,6 +39,7 @@ for party in "$@"; do
   extra=""  # fedgen: STRONG_PARTIES="0 1" makes those parties training parties
   for s in ${STRONG_PARTIES:-}; do if [ "$s" = "$i" ]; then extra=' role="strong"'; fi; done
   [ -z "${PARTY_EPSILON:-}" ] || extra="$extra epsilon=$PARTY_EPSILON"
+  [ -z "${PARTY_TRUSTED:-}" ] || extra="$extra trusted-parties=$PARTY_TRUSTED"
   flower-supernode --insecure --superlink 127.0.0.1:8000 --host 127.0.0.1 --port $((9094 + i)) \
     --node-config "data-path=\"$(realpath "$party")\" party-id=$i$extra" > "$LOGS/supernode$i.log" 2>&1 &
   PIDS+=($!)

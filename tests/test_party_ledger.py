@@ -176,6 +176,44 @@ def test_deployed_party_reads_its_adjacency_from_node_config(tmp_path: Path) -> 
         party_ledger(SimpleNamespace(node_config={**node, "adjacency": "swap"}))
 
 
+def test_a_party_that_trusts_fewer_parties_than_the_server_claims_charges_for_those_it_trusts(tmp_path: Path) -> None:
+    """A server claiming 9 shares per sum (sigma 0.5 x 3) cannot make a party trusting 4 charge less than
+    0.5 x 2 would cost; a claim below the cap is taken as it is; 1 is its own share alone (local DP)."""
+    spec = VoteSpec(kind="rank", weights=(1.0,))
+
+    def spent(trusted: int | None, claimed: int, name: str) -> float:
+        ledger = PartyLedger(tmp_path / f"{name}.json", math.inf, DELTA, trusted_parties=trusted)
+        ledger.charge_votes(spec, release="v", party_sigma=0.5, min_parties=claimed)
+        return ledger.spent()
+
+    def gaussian(sigma: float) -> float:
+        return _eps(GaussianEvent(name="x", sensitivity=1.0, sigma=sigma))
+
+    assert spent(None, 9, "believer") == pytest.approx(gaussian(1.5), rel=1e-6)
+    assert spent(4, 9, "capped") == pytest.approx(gaussian(1.0), rel=1e-6)
+    assert spent(4, 2, "below") == pytest.approx(gaussian(0.5 * math.sqrt(2)), rel=1e-6)
+    assert spent(1, 9, "alone") == pytest.approx(gaussian(0.5), rel=1e-6)
+    from flwr.common.config import parse_config_args
+
+    # the node config as Flower parses `--node-config` (TOML: an int), a quoted number, and bad values
+    parsed = parse_config_args([f'data-path="{tmp_path / "party.csv"}" trusted-parties=4'])
+    assert party_ledger(SimpleNamespace(node_config=parsed)).trusted_parties == 4
+    node = {"data-path": str(tmp_path / "party.csv")}
+    assert party_ledger(SimpleNamespace(node_config={**node, "trusted-parties": "4"})).trusted_parties == 4
+    assert party_ledger(SimpleNamespace(node_config=node)).trusted_parties is None
+    for bad in (0, -2, "many", 2.5, True, "\u00b2"):
+        with pytest.raises(DpsynthError, match="trusted-parties"):
+            party_ledger(SimpleNamespace(node_config={**node, "trusted-parties": bad}))
+    for bad in (0, 2.5, True, float("nan")):
+        with pytest.raises(DpsynthError, match="trusted-parties"):
+            PartyLedger(tmp_path / "x.json", math.inf, DELTA, trusted_parties=bad)
+    # the ledger file states the cap it charged under
+    stated = {name: PrivacyLedger.load(tmp_path / f"{name}.json").assumptions.trust_model
+              for name in ("believer", "capped", "alone")}
+    assert "at most" not in stated["believer"] and "at most 4 (node config trusted-parties)" in stated["capped"]
+    assert "own noise share alone (local DP" in stated["alone"]
+
+
 def test_a_party_ledger_must_count_neighbours_at_least_as_strictly_as_the_run(tmp_path: Path) -> None:
     """Replace neighbours have the larger sensitivities: a party counting add/remove under a run planned for
     replace would report less than the run for the same answers (the party's budget then refused too late)."""

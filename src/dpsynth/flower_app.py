@@ -95,17 +95,21 @@ server_app = _server_app()
 def party_ledger(context: Any) -> PartyLedger:
     """This SuperNode's own ledger (federated/party_ledger.py), from its node config: `privacy-ledger` (the
     file; default beside the data file), `epsilon` (the party's budget over every run on this file; default
-    inf: spend is recorded, not capped), `delta` (default 1e-5) and `adjacency` (add_remove, the default, or
-    replace: a run planned for replace neighbours is refused at its preflight by a party counting add/remove).
-    A deployed party never answers without noise."""
+    inf: spend is recorded, not capped), `delta` (default 1e-5), `adjacency` (add_remove, the default, or
+    replace: a run planned for replace neighbours is refused at its preflight by a party counting add/remove)
+    and `trusted-parties` (the most noise shares it counts on in a sum, whatever the server's min_parties says;
+    default: the server's word). A deployed party never answers without noise."""
     config = context.node_config
     data = Path(str(config["data-path"]))
     path = Path(str(config.get("privacy-ledger", data.with_name(data.name + ".privacy-ledger.json"))))
     adjacency = str(config.get("adjacency", Adjacency.ADD_REMOVE.value))
     if adjacency not in {a.value for a in Adjacency}:
         raise DpsynthError(f"node config adjacency={adjacency!r}: give add_remove or replace")
+    trusted = config.get("trusted-parties")
+    if trusted is not None and (isinstance(trusted, bool) or not str(trusted).isdecimal() or int(trusted) < 1):
+        raise DpsynthError(f"node config trusted-parties={trusted!r}: give a whole number of parties, at least 1")
     return PartyLedger(path, float(config.get("epsilon", math.inf)), float(config.get("delta", 1e-5)),
-                       Adjacency(adjacency))
+                       Adjacency(adjacency), None if trusted is None else int(trusted))
 
 
 def party_device(context: Any) -> str:

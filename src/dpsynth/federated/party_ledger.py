@@ -12,7 +12,12 @@ answer with fresh noise and is charged again.
 
 Trust model of the charge: votes and profiles count the noise of the `min_parties` shares the
 SecAgg+ sum is promised to contain (honest parties, a server that follows the protocol); training
-updates are locally DP, so their charge holds against any server.
+updates are locally DP, so their charge holds against any server. `min_parties` comes with the
+server's request: a party that will not take its word for it caps it (`trusted_parties`, node config
+`trusted-parties`): the charge then holds if each sum carries at least that many honest parties' shares of
+at least this party's size, under a server that otherwise runs SecAgg+ as specified (Flower's SecAgg+ is
+secure against an honest-but-curious server only). Only `trusted_parties=1`, its own share alone (a
+local-DP charge), holds against a server that deviates.
 """
 
 from __future__ import annotations
@@ -31,8 +36,16 @@ from dpsynth.privacy.schedule import dp_sgd_events
 from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.voting.spec import VoteSpec
 
-TRUST_MODEL = ("this party's own ledger: votes and profiles count the noise of the min_parties shares the "
-               "SecAgg+ sum promises (honest parties, a protocol-following server); training is local DP-SGD")
+
+def trust_model(trusted_parties: int | None) -> str:
+    """The trust model a party's ledger states, with its cap on the shares it counts."""
+    if trusted_parties == 1:
+        votes = "votes and profiles count this party's own noise share alone (local DP, any server)"
+    else:
+        cap = "" if trusted_parties is None else f", at most {trusted_parties} (node config trusted-parties)"
+        votes = (f"votes and profiles count the noise of the min_parties shares the SecAgg+ sum promises{cap} "
+                 "(honest parties, a protocol-following server)")
+    return f"this party's own ledger: {votes}; training is local DP-SGD"
 
 
 class PartyLedger:
@@ -44,13 +57,16 @@ class PartyLedger:
     """
 
     def __init__(self, path: Path, epsilon: float, delta: float,
-                 adjacency: Adjacency = Adjacency.ADD_REMOVE) -> None:
+                 adjacency: Adjacency = Adjacency.ADD_REMOVE, trusted_parties: int | None = None) -> None:
         if not epsilon > 0 or not 0 < delta < 1:
             raise DpsynthError(f"a party's budget needs epsilon > 0 and delta in (0, 1) (got {epsilon}, {delta})")
+        if trusted_parties is not None and (type(trusted_parties) is not int or trusted_parties < 1):
+            raise DpsynthError(f"a party's trusted-parties must be a whole number >= 1 (got {trusted_parties!r})")
         self.path = Path(path)
         self.epsilon = float(epsilon)
         self.delta = float(delta)
         self.adjacency = adjacency
+        self.trusted_parties = trusted_parties
 
     def charge_votes(self, spec: VoteSpec, *, release: str, party_sigma: float, min_parties: int) -> None:
         """Charge one vote (or label-count) answer before it is computed; raises if it would break the budget."""
@@ -60,12 +76,14 @@ class PartyLedger:
             raise DpsynthError(f"round {release}: subsampled votes have no federated form (a party votes with "
                                "every record)")
 
+        # the fewest shares the sum carries, as far as this party believes the server
+        counted = min_parties if self.trusted_parties is None else min(min_parties, self.trusted_parties)
+
         def event(name: str) -> PrivacyEvent | None:
             if party_sigma <= 0:
                 return None
             sens = vote_sensitivity(spec, self.adjacency)
-            sigma = party_sigma * math.sqrt(min_parties)  # the fewest shares the sum carries
-            return GaussianEvent(name=name, sensitivity=sens, sigma=sigma)
+            return GaussianEvent(name=name, sensitivity=sens, sigma=party_sigma * math.sqrt(counted))
 
         self._charge(release, event)
 
@@ -98,7 +116,7 @@ class PartyLedger:
     def _load(self) -> PrivacyLedger:
         assumptions = Assumptions(adjacency=self.adjacency, unit="record of this party",
                                   sampler="as each answer states (Poisson for training and subsampled votes)",
-                                  trust_model=TRUST_MODEL)
+                                  trust_model=trust_model(self.trusted_parties))
         if not self.path.exists():
             return PrivacyLedger(self.epsilon, self.delta, assumptions)
         saved = PrivacyLedger.load(self.path)
