@@ -18,13 +18,14 @@ def _budget(*args: str) -> str:
 def test_wasp_sigma_for_target() -> None:
     out = _budget("wasp", "--epsilon", "4", "--delta", "1e-5", "--iterations", "5", "--q", "8")
     assert "4 noisy releases: wasp.votes x4" in out
-    assert "vote_sigma: 3.531" in out and "sensitivity 1.63298" in out
+    assert "vote_sigma: 3.531" in out and "sensitivity 1.63298 [calibrated]" in out
     assert "paper's vote_sigma: 9.690" in out and "true epsilon at the paper's value: 1.287" in out
 
 
 def test_wasp_epsilon_of_paper_sigma() -> None:
     out = _budget("wasp", "--sigma", "9.69", "--delta", "1e-5", "--iterations", "5", "--q", "8")
     assert "epsilon spent: 1.2867" in out  # PRIVACY.md: 1.287
+    assert "vote_sigma: 9.6900 on 4 release(s), sensitivity 1.63298 [given: --sigma]" in out  # not "calibrated"
 
 
 @pytest.mark.parametrize("args, others", [

@@ -165,3 +165,40 @@ def test_the_holder_clips_each_persons_votes_with_its_own_persons(tmp_path: Path
     emb, labels = _Embedder().encode(private.records.texts), private.records.label_ids(["a", "b"])
     assert np.allclose(answer, compute_votes(clipped, emb, labels, CANDIDATES, LABELS, units=private.person_of))
     assert not np.allclose(answer, compute_votes(clipped, emb, labels, CANDIDATES, LABELS))
+
+
+@pytest.mark.parametrize("method,options", [
+    ("wasp", {}), ("augpe", {}), ("augpe", {"votes": "knn", "k": 3}),
+    ("dpga", {"sampling_rate": 1.0}), ("dpga", {}),
+])
+@pytest.mark.parametrize("privacy", [{}, {"adjacency": "replace"}, {"max_records_per_user": 3},
+                                     {"max_records_per_user": 3, "adjacency": "replace"}],
+                         ids=["record", "replace", "person", "person-replace"])
+def test_the_votes_each_method_asks_fit_what_its_plan_charges(tmp_path: Path, method: str, options: dict,
+                                                              privacy: dict) -> None:
+    """Every vote release of a method's plan accepts the `vote_spec()` its steps send, at record and person
+    level and under replacement: a drift between the two would otherwise surface only when a run reaches its
+    first vote, after its generation was paid for. (DPGA samples records, so its subsampled votes are refused
+    for persons by the config itself.)"""
+    from dpsynth.config import records_per_unit
+
+    raw = _config(tmp_path, method, **privacy)
+    if method != "wasp":
+        raw[method] = {**raw.get(method, {}), **options}
+    if method == "dpga" and privacy.get("max_records_per_user", 1) > 1 and options.get("sampling_rate", 0.8) < 1:
+        from dpsynth.errors import DpsynthError
+
+        with pytest.raises(DpsynthError, match="record-level privacy"):
+            parse_config(raw)
+        return
+    cfg = parse_config(raw)
+    plan = plan_privacy(cfg)
+    ledger = PrivacyLedger(2.0, 1e-5)
+    holder = _holder(cfg, ledger, records_per_unit=records_per_unit(cfg),
+                     persons=load_private(cfg).person_of if privacy.get("max_records_per_user") else None)
+    spec = plan.method.vote_spec()
+    votes = [r for r in plan.schedule.releases if r.kind == f"{method}.votes"]
+    assert votes
+    for release in votes:
+        holder._check_vote_charge((release.kind, release.index), spec)  # raises on a mismatch
+    assert not ledger.events

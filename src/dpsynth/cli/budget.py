@@ -116,10 +116,12 @@ def print_plan(plan: PrivacyPlan, vote_sigma: float | None) -> None:
     knobs = plan.calibrate() if vote_sigma is None else _with_sigma(plan, vote_sigma)
     took = time.perf_counter() - start
     description = plan.describe(knobs)
+    given = None if vote_sigma is None else next(k.name for k in schedule.knobs if k.free)
     for k in description["knobs"]:
         sens = (f", {k.get('sensitivity_label', 'sensitivity')} {k['sensitivity']:.5f}"
                 if k["sensitivity"] is not None else "")
-        typer.echo(f"{k['name']}: {k['value']:.4f} on {k['releases']} release(s){sens} [{k['how']}] - "
+        how = "given: --sigma" if k["name"] == given else k["how"]  # the user's own value, not calibrated
+        typer.echo(f"{k['name']}: {k['value']:.4f} on {k['releases']} release(s){sens} [{how}] - "
                    f"{k['description']}")
     if vote_sigma is None:
         typer.echo(f"  (calibrated by bisection on the accountant in {took:.2g} s)")

@@ -281,13 +281,17 @@ class AugPE(Method[AugPEOptions, AugPEState]):
         record.update(generated=stats, population=len(new))
         return record
 
-    def _noisy_votes(self, ctx: StepContext, state: AugPEState, t: int) -> np.ndarray:
+    def vote_spec(self) -> VoteSpec:
+        """The votes each `augpe.votes` release asks (the schedule charges pe_top1_sensitivity: exactly their
+        norm, 1; the data holder checks the two agree)."""
         a = self.options
-        spec = VoteSpec(kind="rank", weights=tuple(vote_weights(a.votes, a.k)),
+        return VoteSpec(kind="rank", weights=tuple(vote_weights(a.votes, a.k)),
                         clip_per_unit=votes_clipped_per_person(self.config))
-        noisy = ctx.noisy_votes_on(state.population, spec, self.release("votes", t),
+
+    def _noisy_votes(self, ctx: StepContext, state: AugPEState, t: int) -> np.ndarray:
+        noisy = ctx.noisy_votes_on(state.population, self.vote_spec(), self.release("votes", t),
                                    f"iteration {t}: embed + vote + noise")
-        return apply_threshold(noisy, a.threshold)
+        return apply_threshold(noisy, self.options.threshold)
 
     def _check_output_unchanged(self, state: AugPEState) -> None:
         """`selected` never generates the last population and `last` never keeps the last vote's parents: a run

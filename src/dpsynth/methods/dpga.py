@@ -253,13 +253,16 @@ class DPGA(Method[DPGAOptions, DPGAState]):
             state.keywords[c] = [flat[i][1] for i in kept]
             state.keyword_weights[c] = _probabilities(np.array([noisy[i] for i in kept]))  # share of votes
 
+    def vote_spec(self) -> VoteSpec:
+        """The Top-1 votes each `dpga.votes` release asks (the data holder checks them against its charge)."""
+        return VoteSpec(kind="rank", weights=(1.0,), sampling_rate=self.options.sampling_rate,
+                        clip_per_unit=votes_clipped_per_person(self.config))
+
     def _generation(self, ctx: StepContext, state: DPGAState, t: int) -> dict:
         o = self.options
         pop = state.population
-        spec = VoteSpec(kind="rank", weights=(1.0,), sampling_rate=o.sampling_rate,
-                        clip_per_unit=votes_clipped_per_person(self.config))
-        noisy = ctx.noisy_votes_on(pop, spec,
-                                   self.release("votes", t), f"iteration {t}: embed + vote + noise")
+        noisy = ctx.noisy_votes_on(pop, self.vote_spec(), self.release("votes", t),
+                                   f"iteration {t}: embed + vote + noise")
         emb = ctx.embed_synthetic(pop)  # cached: the embeddings the votes were computed on
         elite_total = max(1, round(o.n * o.elite_fraction))
         elites: dict[str, list[SyntheticSample]] = {}
