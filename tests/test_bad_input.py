@@ -666,3 +666,23 @@ def test_eval_reads_the_runs_own_test_set_and_columns(tmp_path: Path, monkeypatc
     (run / "config.yaml").write_text("embedder: all-MiniLM-L6-v2\nseed: 0\ndata: {corpus: null}\n")
     result = CliRunner().invoke(_typer_app, ["eval", str(run)])
     assert isinstance(result.exception, DpsynthError) and "give one with --test FILE" in str(result.exception)
+
+
+def test_a_users_own_test_file_is_said_to_be_outside_the_guarantee(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """Evaluation reads data.test without noise: a run given its own test file says on the terminal that the
+    scores are outside the DP guarantee (docs/privacy.md); a corpus' public test split says nothing."""
+    import fakes  # noqa: F401  (registers the fake backend)
+    from test_engine import _config as engine_config
+
+    from dpsynth.data.public import say_test_scores_are_unnoised
+    from dpsynth.runs.build import check_before_start
+    from dpsynth.runs.planning import plan_privacy
+
+    raw = engine_config(tmp_path, "augpe")
+    (tmp_path / "test.csv").write_text("text,label\ngood film,pos\nbad film,neg\n")
+    raw["data"]["test"], raw["evaluate"] = str(tmp_path / "test.csv"), True
+    check_before_start(plan_privacy(parse_config(raw)))
+    assert "test.csv: the test set is read without noise, so its scores" in capsys.readouterr().err
+    say_test_scores_are_unnoised("corpus:trec")
+    assert capsys.readouterr().err == ""

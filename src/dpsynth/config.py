@@ -123,7 +123,9 @@ class DataConfig(Section):
         "becomes a person, whose records are bounded to privacy.max_records_per_user before any release")
     m: PositiveInt | None = Field(None, description="with corpus: private samples drawn from its train split")
     test: Path | None = Field(None, description="real labelled test file for evaluation (never used to generate), "
-                              "or corpus:NAME for a public corpus' test split")
+                              "or corpus:NAME for a public corpus' test split; read without noise, so its scores "
+                              "(metrics.json, eval.json) are outside the DP guarantee: give public texts, or keep "
+                              "those files with the data holder")
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:

@@ -35,6 +35,7 @@ def evaluate(
                                          "or swa (FuseGen's self-boosting weights for any run's set)."),
 ) -> None:
     """Downstream accuracy, FID, MAUVE, precision/recall and diversity; writes RUN_DIR/eval.json."""
+    from dpsynth.data.public import say_test_scores_are_unnoised
     from dpsynth.data.public import test_set as load_test_set
     from dpsynth.evaluate.run_eval import evaluate_run, load_run, summary_rows
 
@@ -44,6 +45,7 @@ def evaluate(
     test_set = load_test_set(test, text_column or data.get("text_column") or "text",
                              label_column or data.get("label_column") or "label")
     check_labels_match({str(r["label"]) for r in rows}, set(test_set.labels), test)
+    say_test_scores_are_unnoised(test)
     result = evaluate_run(run_dir, test_set, classifier=classifier.value, with_mauve=mauve, weights=weights.value)
     for line in summary_rows(result):
         typer.echo(line)

@@ -13,7 +13,7 @@ import numpy as np
 
 from dpsynth.config import GeneratorConfig, RunConfig, records_per_unit
 from dpsynth.data.corpora import get_corpus
-from dpsynth.data.public import load_test, task_for
+from dpsynth.data.public import load_test, say_test_scores_are_unnoised, task_for
 from dpsynth.data.records import TaskSpec
 from dpsynth.device import resolve_device
 from dpsynth.embed.sentence import Embedder
@@ -94,11 +94,12 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
         if len(task.labels) < 2:
             raise DpsynthError("data.test: evaluation trains a classifier over the task's labels, and the task has "
                                "one: every score would be 1.0 whatever the texts; set evaluate: false")
-        test = load_test(config)  # public: a missing or unreadable test file fails here, not after the run
+        test = load_test(config)  # a missing or unreadable test file fails here, not after the run
         foreign = sorted(set(test.labels) - set(task.labels)) if test is not None else []
         if foreign:  # the run writes none of them, so each such test example would only ever count as an error
             raise DpsynthError(f"data.test: labels {foreign} are not among the task's labels "
                                f"({', '.join(task.labels)}); give the test set of this task (or its label_column)")
+        say_test_scores_are_unnoised(str(config.data.test))
     fed = config.federated
     users_records = config.data.own or (fed is not None and fed.partition == "files")
     # a simulated federation's records too (a deployed one's parties check their own, before any release)
