@@ -686,3 +686,33 @@ def test_a_users_own_test_file_is_said_to_be_outside_the_guarantee(tmp_path: Pat
     assert "test.csv: the test set is read without noise, so its scores" in capsys.readouterr().err
     say_test_scores_are_unnoised("corpus:trec")
     assert capsys.readouterr().err == ""
+
+
+def test_a_missing_optional_package_is_one_line_naming_its_extra_before_the_run(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting whose optional package is missing stops before the run starts (not with a traceback after its
+    generations were paid for), naming the extra that installs it; the names each method declares are real
+    modules (all installed here)."""
+    import importlib.util
+
+    import fakes  # noqa: F401  (registers the fake backend)
+    from test_engine import _config as engine_config
+
+    from dpsynth.errors import require
+    from dpsynth.methods.registry import method_class, method_names
+    from dpsynth.runs.build import check_before_start
+    from dpsynth.runs.planning import plan_privacy
+
+    with pytest.raises(DpsynthError, match=r"^method dpft needs the package 'no_such_module': pip install "
+                                           r"'dpsynth\[finetune\]'$"):
+        require("no_such_module", "finetune", "method dpft")
+    for name in method_names():
+        for module, _ in method_class(name).needs_packages:
+            assert importlib.util.find_spec(module) is not None, (name, module)
+    raw = engine_config(tmp_path, "augpe")
+    raw["resample"] = {"clusters": 2}
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "faiss" else real_find_spec(name, *a))
+    with pytest.raises(DpsynthError, match=r"resample: \(its k-means\) needs the package 'faiss': pip install "
+                                           r"'dpsynth\[local\]'"):
+        check_before_start(plan_privacy(parse_config(raw)))

@@ -10,3 +10,12 @@ def warn_user(message: str) -> None:
     import sys
 
     print(f"warning: {message}", file=sys.stderr)
+
+
+def require(module: str, extra: str, needed_for: str) -> None:
+    """An optional package a setting needs, looked for before anything is spent: a missing one is one line naming
+    the extra that installs it (not a traceback after a run has paid for its generations)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise DpsynthError(f"{needed_for} needs the package '{module}': pip install 'dpsynth[{extra}]'")

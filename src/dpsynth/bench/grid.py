@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dpsynth.config import RelabelConfig
-from dpsynth.errors import DpsynthError
+from dpsynth.errors import DpsynthError, require
 from dpsynth.fs import RunDir, atomic_write_text, exclusive_lock, make_dir, refuse_foreign_entries
 from dpsynth.llm.registry import check_generator
 from dpsynth.methods.registry import method_class, method_names
@@ -232,6 +232,8 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
               and not RunDir(out / "cells" / cell["name"]).is_finished()]
     for generator in {g.model_dump_json(): g for config in to_run for g in config.generators}.values():
         check_generator(generator)  # a report, or finished cells, need no model file or key
+    if to_run and bench.eval_distribution:
+        require("mauve", "eval", "the bench's MAUVE per cell (eval_distribution: false leaves it out)")
     if run_missing:
         make_dir(out / "cells")  # the folder's mark as a bench's (private_only rows alone make no cell)
     for i, cell in enumerate(grid):

@@ -37,9 +37,12 @@ def evaluate(
     """Downstream accuracy, FID, MAUVE, precision/recall and diversity; writes RUN_DIR/eval.json."""
     from dpsynth.data.public import say_test_scores_are_unnoised
     from dpsynth.data.public import test_set as load_test_set
+    from dpsynth.errors import require
     from dpsynth.evaluate.run_eval import evaluate_run, load_run, summary_rows
 
     config, rows = load_run(run_dir)  # check the run (config.yaml, synthetic.jsonl) before loading any model
+    if mauve:
+        require("mauve", "eval", "MAUVE (--no-mauve leaves it out)")
     data = config.get("data") or {}
     test = test or _runs_own_test(data, run_dir)
     test_set = load_test_set(test, text_column or data.get("text_column") or "text",

@@ -141,6 +141,11 @@ class StepContext:
         return np.array([labels.index(x.label) for x in samples], dtype=np.int64)
 
 
+# optional packages of the methods that train a LoRA adapter of a local GGUF model, (module, extra installing it)
+TRAINS_LORA = (("torch", "local"), ("transformers", "transformers"), ("gguf", "transformers"), ("peft", "finetune"))
+DP_TRAINS_LORA = (*TRAINS_LORA, ("opacus", "finetune"))  # with DP-Adam (Opacus)
+
+
 class Method(ABC, Generic[OptionsT, StateT]):
     """A generation method bound to one run's config."""
 
@@ -151,6 +156,8 @@ class Method(ABC, Generic[OptionsT, StateT]):
     one_generator_per_run: ClassVar[bool] = False  # single-PLM methods: bench runs one cell per PLM
     several_plms_hint: ClassVar[str] = ""  # how such a method can take several PLMs, if it can
     reweights_plms: ClassVar[bool] = False  # moves requests between PLMs as it runs (WASP): a dry run says so
+    # optional packages it imports as it runs, (module, extra installing it): checked before a run starts
+    needs_packages: ClassVar[tuple[tuple[str, str], ...]] = ()
     summary: ClassVar[str] = ""
 
     def __init__(self, config: RunConfig) -> None:

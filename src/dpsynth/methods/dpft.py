@@ -30,7 +30,7 @@ from dpsynth.finetune.examples import control_prompt
 from dpsynth.finetune.request import AdapterTraining
 from dpsynth.llm.base import GenerationRequest
 from dpsynth.llm.cache import CachedGenerator
-from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
+from dpsynth.methods.base import DP_TRAINS_LORA, Method, MethodState, SamplingOptions, StepContext
 from dpsynth.methods.generation import (
     GenerationPlan,
     SyntheticSample,
@@ -72,6 +72,7 @@ class Dpft(Method[DpftOptions, DpftState]):
     Options = DpftOptions
     State = DpftState
     one_generator_per_run = True
+    needs_packages = DP_TRAINS_LORA
     summary = "DP fine-tuned generator: DP-Adam on a LoRA adapter of a local PLM, then sampling (papers/001)"
 
     @classmethod

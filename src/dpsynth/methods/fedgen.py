@@ -32,7 +32,15 @@ from dpsynth.data.records import TaskSpec
 from dpsynth.errors import DpsynthError
 from dpsynth.finetune.examples import control_prompt
 from dpsynth.finetune.request import AdapterTraining
-from dpsynth.methods.base import LABEL_SIGMA, LABELS_RELEASE, Method, MethodState, SamplingOptions, StepContext
+from dpsynth.methods.base import (
+    DP_TRAINS_LORA,
+    LABEL_SIGMA,
+    LABELS_RELEASE,
+    Method,
+    MethodState,
+    SamplingOptions,
+    StepContext,
+)
 from dpsynth.methods.dpft import LOCAL_KINDS, local_gguf_path, sample_from_adapter, train_adapter_once
 from dpsynth.methods.generation import SyntheticSample, request_seed
 from dpsynth.methods.registry import register
@@ -79,6 +87,7 @@ class Fedgen(Method[FedgenOptions, FedgenState]):
     name = "fedgen"
     Options = FedgenOptions
     State = FedgenState
+    needs_packages = DP_TRAINS_LORA
     one_generator_per_run = True
     summary = ("resource-adaptive federated generation: strong parties DP-fine-tune (FedAvg), weak parties "
                "refine by DP votes (papers/004)")

@@ -36,7 +36,7 @@ from dpsynth.config import RunConfig, records_per_unit
 from dpsynth.errors import DpsynthError
 from dpsynth.fs import atomic_write_bytes
 from dpsynth.llm.cache import CachedGenerator
-from dpsynth.methods.base import Method, MethodState, SamplingOptions, StepContext
+from dpsynth.methods.base import TRAINS_LORA, Method, MethodState, SamplingOptions, StepContext
 from dpsynth.methods.dpft import LOCAL_KINDS, adapter_generator, local_gguf_path
 from dpsynth.methods.generation import SyntheticSample, generate_samples, plan_counts, zero_shot_requests
 from dpsynth.methods.registry import register
@@ -87,6 +87,7 @@ class Popri(Method[PopriOptions, PopriState]):
     Options = PopriOptions
     State = PopriState
     one_generator_per_run = True
+    needs_packages = TRAINS_LORA
     summary = "POPri: DPO on a LoRA adapter from DP similarity scores of its samples, then sampling (ICML 2025)"
 
     def __init__(self, config: RunConfig) -> None:

@@ -17,7 +17,7 @@ from dpsynth.data.public import load_test, say_test_scores_are_unnoised, task_fo
 from dpsynth.data.records import TaskSpec
 from dpsynth.device import resolve_device
 from dpsynth.embed.sentence import Embedder
-from dpsynth.errors import DpsynthError
+from dpsynth.errors import DpsynthError, require
 from dpsynth.fs import cache_dir
 from dpsynth.llm.base import Usage
 from dpsynth.llm.cache import CachedGenerator
@@ -88,6 +88,12 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
         check_generator(generator)
     if config.data.corpus is not None:
         get_corpus(config.data.corpus)  # an unknown name fails here (the corpus itself loads with the holder)
+    for module, extra in plan.method.needs_packages:
+        require(module, extra, f"method {plan.method.name}")
+    if config.resample is not None:
+        require("faiss", "local", "resample: (its k-means)")
+    if config.federated is not None:
+        require("flwr", "federated", "federated:")
     task = task_for(config)
     plan.method.check_task(task)
     if config.evaluate and config.data.test is not None:
