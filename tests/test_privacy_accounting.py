@@ -337,3 +337,25 @@ def test_the_membership_test_bound_is_gdps_tradeoff_and_the_privacy_profile_agre
     assert membership_test_power(gaussian, 0.01) < exact < membership_test_power(gaussian, 0.2)
     sgd = [SubsampledGaussianEvent(name="t", count=300, sampling_rate=0.05, noise_multiplier=1.0)]
     assert 0.05 < membership_test_power(sgd, 0.05) < 1.0
+
+
+@pytest.mark.parametrize("method,iterations,q,epsilon,sensitivity", [("wasp", 5, 8, 4.0, 1.632993161855452),
+                                                                     ("augpe", 11, None, 1.0, 1.0)])
+def test_calibration_agrees_with_dp_accountings_own_calibration(method: str, iterations: int, q: int | None,
+                                                                epsilon: float, sensitivity: float) -> None:
+    """dpsynth bisects on its ledger's own accountant (so the sigma is exactly what the ledger charges, across
+    several knobs and scopes); on a plain schedule it must give what dp_accounting's calibrate_dp_mechanism gives
+    with its PLD accountant (PRIVACY.md: WASP T=5, eps 4: 3.531)."""
+    import dp_accounting
+    from dp_accounting import mechanism_calibration
+    from dp_accounting.pld import pld_privacy_accountant
+
+    ours = plan(method, iterations, q, epsilon=epsilon).calibrate()["vote_sigma"]
+
+    def event(noise_multiplier: float):
+        return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise_multiplier), iterations - 1)
+
+    theirs = sensitivity * mechanism_calibration.calibrate_dp_mechanism(
+        pld_privacy_accountant.PLDAccountant, event, epsilon, 1e-5,
+        bracket_interval=mechanism_calibration.ExplicitBracketInterval(0.5, 50.0), tol=1e-4)
+    assert ours == pytest.approx(theirs, rel=2e-3)
