@@ -716,3 +716,13 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra_before_the_run(
     with pytest.raises(DpsynthError, match=r"resample: \(its k-means\) needs the package 'faiss': pip install "
                                            r"'dpsynth\[local\]'"):
         check_before_start(plan_privacy(parse_config(raw)))
+    # without opacus: DP fine-tuning is refused, and so is a simulated fedgen federation (its parties train
+    # here), not a deployed fedgen server (its parties train on their own machines)
+    from dpsynth.runs.build import check_packages
+    from dpsynth.runs.planning import plan_for_method
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "opacus" else real_find_spec(name, *a))
+    with pytest.raises(DpsynthError, match=r"method dpft needs the package 'opacus'"):
+        check_packages(plan_for_method("dpft", epsilon=4))
+    with pytest.raises(DpsynthError, match=r"method fedgen \(its simulated parties' DP-Adam\) needs the package"):
+        check_packages(plan_for_method("fedgen", epsilon=4, parties=10))

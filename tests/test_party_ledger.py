@@ -207,10 +207,13 @@ def test_a_party_that_trusts_fewer_parties_than_the_server_claims_charges_for_th
     for bad in (0, 2.5, True, float("nan")):
         with pytest.raises(DpsynthError, match="trusted-parties"):
             PartyLedger(tmp_path / "x.json", math.inf, DELTA, trusted_parties=bad)
-    # the ledger file states the cap it charged under
+    # the ledger file states the cap it charges under, and each capped answer what it counted
     stated = {name: PrivacyLedger.load(tmp_path / f"{name}.json").assumptions.trust_model
               for name in ("believer", "capped", "alone")}
-    assert "at most" not in stated["believer"] and "at most 4 (node config trusted-parties)" in stated["capped"]
+    assert [e.name for e in PrivacyLedger.load(tmp_path / "capped.json").events] == [
+        "v/answer1 (counted 4 of the 9 shares claimed)"]
+    assert [e.name for e in PrivacyLedger.load(tmp_path / "below.json").events] == ["v/answer1"]
+    assert "at most" not in stated["believer"] and "at most 4 (node config trusted-parties;" in stated["capped"]
     assert "own noise share alone (local DP" in stated["alone"]
 
 

@@ -313,6 +313,8 @@ def _cell_rows(bench: BenchConfig, cell: dict, config, test, out: Path, run_miss
                   else Run.create(config, cell_dir.root, progress=progress))
         runner.execute()
     if not _evaluated_as(cell_dir, cell["sample_weights"]):
+        if bench.eval_distribution:  # a report-only pass evaluates finished cells too (run_grid checked the rest)
+            require("mauve", "eval", "the bench's MAUVE per cell (eval_distribution: false leaves it out)")
         evaluate_run(cell_dir.root, test, with_mauve=bench.eval_distribution, weights=cell["sample_weights"])
     if "finetune" in bench.classifiers and run_missing_here and not _has_finetuned(cell_dir):
         log(f"fine-tuning the classifier of {cell['name']}")

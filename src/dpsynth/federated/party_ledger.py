@@ -42,7 +42,8 @@ def trust_model(trusted_parties: int | None) -> str:
     if trusted_parties == 1:
         votes = "votes and profiles count this party's own noise share alone (local DP, any server)"
     else:
-        cap = "" if trusted_parties is None else f", at most {trusted_parties} (node config trusted-parties)"
+        cap = ("" if trusted_parties is None else f", at most {trusted_parties} (node config trusted-parties; an "
+               "answer charged under a cap names the shares it counted)")
         votes = (f"votes and profiles count the noise of the min_parties shares the SecAgg+ sum promises{cap} "
                  "(honest parties, a protocol-following server)")
     return f"this party's own ledger: {votes}; training is local DP-SGD"
@@ -85,7 +86,10 @@ class PartyLedger:
             sens = vote_sensitivity(spec, self.adjacency)
             return GaussianEvent(name=name, sensitivity=sens, sigma=party_sigma * math.sqrt(counted))
 
-        self._charge(release, event)
+        # an answer charged under the cap says so in its name: the ledger's trust model is the node config's now,
+        # and a party may change its cap between runs on the same file
+        capped = f" (counted {counted} of the {min_parties} shares claimed)" if counted < min_parties else ""
+        self._charge(release, event, capped)
 
     def charge_training(self, *, release: str, round_index: int, steps: int, sampling_rate: float,
                         noise_multiplier: float) -> None:
@@ -103,10 +107,10 @@ class PartyLedger:
         with self._locked():
             return self._load().spent().epsilon
 
-    def _charge(self, what: str, event_for) -> None:
+    def _charge(self, what: str, event_for, note: str = "") -> None:
         with self._locked():
             ledger = self._load()
-            name = f"{what}/answer{len(ledger.events) + len(ledger.non_private_releases) + 1}"
+            name = f"{what}/answer{len(ledger.events) + len(ledger.non_private_releases) + 1}{note}"
             event = event_for(name)
             if event is None:
                 raise DpsynthError(f"{what}: this party refuses to answer without noise")

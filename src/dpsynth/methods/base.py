@@ -158,6 +158,7 @@ class Method(ABC, Generic[OptionsT, StateT]):
     reweights_plms: ClassVar[bool] = False  # moves requests between PLMs as it runs (WASP): a dry run says so
     # optional packages it imports as it runs, (module, extra installing it): checked before a run starts
     needs_packages: ClassVar[tuple[tuple[str, str], ...]] = ()
+    trains_in_simulation: ClassVar[bool] = False  # a simulated federation's parties run DP-Adam in this process
     summary: ClassVar[str] = ""
 
     def __init__(self, config: RunConfig) -> None:

@@ -33,9 +33,9 @@ from dpsynth.errors import DpsynthError
 from dpsynth.finetune.examples import control_prompt
 from dpsynth.finetune.request import AdapterTraining
 from dpsynth.methods.base import (
-    DP_TRAINS_LORA,
     LABEL_SIGMA,
     LABELS_RELEASE,
+    TRAINS_LORA,
     Method,
     MethodState,
     SamplingOptions,
@@ -87,7 +87,8 @@ class Fedgen(Method[FedgenOptions, FedgenState]):
     name = "fedgen"
     Options = FedgenOptions
     State = FedgenState
-    needs_packages = DP_TRAINS_LORA
+    needs_packages = TRAINS_LORA  # the server samples from the averaged adapter; the strong parties train
+    trains_in_simulation = True
     one_generator_per_run = True
     summary = ("resource-adaptive federated generation: strong parties DP-fine-tune (FedAvg), weak parties "
                "refine by DP votes (papers/004)")

@@ -79,6 +79,20 @@ def build_holder(plan: PrivacyPlan, *, knobs: dict[str, float], ledger: PrivacyL
                                embedder=embedder, given=given, device=resolve_device(config.device), **common)
 
 
+def check_packages(plan: PrivacyPlan) -> None:
+    """The optional packages the run will import, looked for before it starts or resumes (`errors.require`)."""
+    config = plan.config
+    for module, extra in plan.method.needs_packages:
+        require(module, extra, f"method {plan.method.name}")
+    if config.resample is not None:
+        require("faiss", "local", "resample: (its k-means)")
+    fed = config.federated
+    if fed is not None:
+        require("flwr", "federated", "federated:")
+        if plan.method.trains_in_simulation and fed.partition != "nodes":  # deployed: the parties train
+            require("opacus", "finetune", f"method {plan.method.name} (its simulated parties' DP-Adam)")
+
+
 def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
     """What the run will find wrong with the task or the user's private file, found before its directory exists
     (issue 33): the data holder's own load and checks, run once ahead and kept nowhere."""
@@ -88,12 +102,7 @@ def check_before_start(plan: PrivacyPlan, given: Any = None) -> None:
         check_generator(generator)
     if config.data.corpus is not None:
         get_corpus(config.data.corpus)  # an unknown name fails here (the corpus itself loads with the holder)
-    for module, extra in plan.method.needs_packages:
-        require(module, extra, f"method {plan.method.name}")
-    if config.resample is not None:
-        require("faiss", "local", "resample: (its k-means)")
-    if config.federated is not None:
-        require("flwr", "federated", "federated:")
+    check_packages(plan)
     task = task_for(config)
     plan.method.check_task(task)
     if config.evaluate and config.data.test is not None:

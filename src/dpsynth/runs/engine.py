@@ -50,6 +50,7 @@ from dpsynth.runs.build import (
     build_generators,
     build_holder,
     check_before_start,
+    check_packages,
     label_shares,
     open_request_cache,
     prices,
@@ -165,7 +166,9 @@ class Run:
             hint = (" (a run stopped before it wrote its config spent nothing: start it again with `dpsynth run "
                     f"CONFIG -o {d.root}`)" if d.lock.exists() else "")
             raise DpsynthError(f"{d.root}: no config.yaml; not a dpsynth run directory{hint}")
-        return cls(load_config(d.config, other_methods="drop"), d.root, **kw)
+        config = load_config(d.config, other_methods="drop")
+        check_packages(plan_privacy(config))  # a missing package fails here, not after the resumed generations
+        return cls(config, d.root, **kw)
 
     def close(self) -> None:
         """Let another process run or resume the directory (also happens when this process exits)."""
