@@ -712,7 +712,11 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra_before_the_run(
     raw = engine_config(tmp_path, "augpe")
     raw["resample"] = {"clusters": 2}
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "faiss" else real_find_spec(name, *a))
+
+    def without(missing: str):
+        return lambda name, *a: None if name == missing else real_find_spec(name, *a)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without("faiss"))
     with pytest.raises(DpsynthError, match=r"resample: \(its k-means\) needs the package 'faiss': pip install "
                                            r"'dpsynth\[local\]'"):
         check_before_start(plan_privacy(parse_config(raw)))
@@ -721,7 +725,7 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra_before_the_run(
     from dpsynth.runs.build import check_packages
     from dpsynth.runs.planning import plan_for_method
 
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "opacus" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", without("opacus"))
     with pytest.raises(DpsynthError, match=r"method dpft needs the package 'opacus'"):
         check_packages(plan_for_method("dpft", epsilon=4))
     with pytest.raises(DpsynthError, match=r"method fedgen \(its simulated parties' DP-Adam\) needs the package"):
