@@ -553,3 +553,33 @@ def test_sync_makes_the_log_durable_before_a_release(tmp_path: Path, monkeypatch
     door.noisy_votes(None, None, None, release=("r", 0))
     door.noisy_label_counts(["a"], release=("l", None))
     assert order == ["sync", "release", "sync", "release"]
+
+
+def test_a_local_embedder_folder_changed_in_place_is_not_served_its_old_vectors(tmp_path: Path) -> None:
+    """The user-wide test-set cache keys each vector by the embedder: for a local folder, by its files too, so a
+    model retrained into the same folder embeds again; an unchanged folder and a named model hit the cache."""
+    import numpy as np
+
+    from dpsynth.embed.sentence import CachedEmbedder
+
+    folder = tmp_path / "my-encoder"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights v1")
+
+    class Counting:
+        name = str(folder)
+        calls = 0
+
+        def encode(self, texts):
+            Counting.calls += 1
+            return np.full((len(texts), 3), float(Counting.calls), dtype=np.float32)
+
+    path = tmp_path / "tests.sqlite"
+    assert CachedEmbedder(Counting(), path).encode(["a"])[0, 0] == 1.0
+    assert CachedEmbedder(Counting(), path).encode(["a"])[0, 0] == 1.0 and Counting.calls == 1  # cached
+    (folder / "model.safetensors").write_bytes(b"weights v2, retrained")
+    assert CachedEmbedder(Counting(), path).encode(["a"])[0, 0] == 2.0  # embedded again by the new model
+    Counting.name = "all-MiniLM-L6-v2"
+    named = CachedEmbedder(Counting(), path)
+    named.encode(["b"])
+    assert named.encode(["b"])[0, 0] == 3.0 and Counting.calls == 3

@@ -114,6 +114,20 @@ def resolve_model_path(model: str) -> str:
     return model
 
 
+def cache_identity(model: str) -> str:
+    """What a cached embedding of `model` depends on: its name, and for a local folder the folder's files (names,
+    sizes, modification times), so that a model retrained or replaced in the same folder is not served the old
+    vectors from the user-wide test-set cache. A name (the packaged default, a Hub id) is its own identity."""
+    folder = Path(model)
+    if model == DEFAULT_EMBEDDER or not folder.is_dir():
+        return model
+    digest = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = f.stat()
+        digest.update(f"{f.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return f"{model}@{digest.hexdigest()[:16]}"
+
+
 BUSY_SECONDS = 60.0  # how long a write waits for another process's lock on a shared embedding cache
 
 
@@ -124,6 +138,7 @@ class CachedEmbedder:
     def __init__(self, inner: Embedder, path: Path) -> None:
         self.inner = inner
         self.name = inner.name
+        self._identity = cache_identity(inner.name)
         create_owner_only(path)
         # shared by processes (a bench's cells, two benches on one test set): wait for a writer's lock instead
         # of failing with "database is locked", and let readers read while one writes (WAL)
@@ -140,7 +155,7 @@ class CachedEmbedder:
         self._db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
 
     def _key(self, text: str) -> str:
-        return hashlib.sha256(f"{self.name}\0{text}".encode()).hexdigest()
+        return hashlib.sha256(f"{self._identity}\0{text}".encode()).hexdigest()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         keys = [self._key(t) for t in texts]
