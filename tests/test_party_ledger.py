@@ -14,12 +14,11 @@ from dpsynth.errors import DpsynthError
 from dpsynth.federated.flower_secagg import FederationError, FederationSettings, VoteRound, run_federation
 from dpsynth.federated.party import PartyShard, noisy_votes
 from dpsynth.federated.party_ledger import PartyLedger
-from dpsynth.privacy.sensitivity import vote_sensitivity
 from dpsynth.flower_app import party_ledger
 from dpsynth.privacy.accountant import Adjacency, epsilon_tight
 from dpsynth.privacy.events import GaussianEvent, SubsampledGaussianEvent
 from dpsynth.privacy.ledger import BudgetExceededError, PrivacyLedger
-from dpsynth.privacy.sensitivity import wasp_topq_sensitivity
+from dpsynth.privacy.sensitivity import vote_sensitivity, wasp_topq_sensitivity
 from dpsynth.voting.spec import VoteSpec
 
 DELTA = 1e-5
