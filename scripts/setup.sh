@@ -39,7 +39,9 @@ else
   step "virtual environment" "$PY" -m venv .venv
 fi
 step "upgrade pip" .venv/bin/python -m pip install --quiet --upgrade pip
-step "CPU torch" .venv/bin/python -m pip install --quiet torch==2.13.0
+# PyPI's Linux torch is the CUDA build (several GB): on a machine whose pip does not already find a CPU wheel,
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu installs the CPU build from PyTorch's own index
+step "CPU torch" .venv/bin/python -m pip install --quiet ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0
 step "llama.cpp (portable x86-64 build, about 6 to 12 minutes)" \
   env CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
   CMAKE_BUILD_PARALLEL_LEVEL=2 .venv/bin/python -m pip install --quiet "llama-cpp-python[server]>=0.3,<0.4"

@@ -728,5 +728,11 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra_before_the_run(
     monkeypatch.setattr(importlib.util, "find_spec", without("opacus"))
     with pytest.raises(DpsynthError, match=r"method dpft needs the package 'opacus'"):
         check_packages(plan_for_method("dpft", epsilon=4))
+    simulated = plan_for_method("fedgen", epsilon=4, parties=10)
     with pytest.raises(DpsynthError, match=r"method fedgen \(its simulated parties' DP-Adam\) needs the package"):
-        check_packages(plan_for_method("fedgen", epsilon=4, parties=10))
+        check_packages(simulated)
+    assert simulated.config.federated is not None
+    deployed = simulated.config.model_copy(
+        update={"federated": simulated.config.federated.model_copy(update={"partition": "nodes"})})
+    # the server samples only; each training party checks its own opacus before its ledger is charged
+    check_packages(type(simulated)(deployed, simulated.method, simulated.schedule))

@@ -498,3 +498,26 @@ def test_a_bench_config_is_checked_whole_before_its_first_cell(tmp_path: Path, m
         load_bench(write({"base": BASE, "baseline": "nope", "variants": variants[:1]}))
     with pytest.raises(DpsynthError, match=r"b.yaml: variants.0.overides: Extra inputs are not permitted"):
         load_bench(write({"base": BASE, "variants": [{"name": "w", "method": "wasp", "overides": {}}]}))
+
+
+def test_a_bench_checks_every_cells_packages_before_the_first_cell_runs(tmp_path: Path, monkeypatch) -> None:
+    """A later variant's missing package (faiss for resample:) and MAUVE's (eval_distribution) stop the bench
+    before its first cell runs, naming the extra: the earlier cells would otherwise pay for their generations."""
+    import importlib.util
+
+    from dpsynth.bench.grid import run_grid
+    from dpsynth.runs import engine
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(engine, "Run", _Refuse)  # a cell that started would raise RuntimeError
+    for missing, variants, eval_distribution in (
+            ("faiss", [{"name": "zero-shot", "method": "zero-shot"},
+                       {"name": "weighted", "method": "zero-shot", "overrides": {"resample": {"clusters": 2}}}],
+             False),
+            ("mauve", [{"name": "zero-shot", "method": "zero-shot"}], True)):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a, gone=missing: None if name == gone else real_find_spec(name, *a))
+        bench = BenchConfig.model_validate({"base": BASE, "seeds": [0], "baseline": None, "variants": variants,
+                                            "eval_distribution": eval_distribution})
+        with pytest.raises(DpsynthError, match=f"needs the package '{missing}'"):
+            run_grid(bench, tmp_path / missing, log=lambda line: None)

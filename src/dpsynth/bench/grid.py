@@ -26,7 +26,9 @@ from dpsynth.errors import DpsynthError, require
 from dpsynth.fs import RunDir, atomic_write_text, exclusive_lock, make_dir, refuse_foreign_entries
 from dpsynth.llm.registry import check_generator
 from dpsynth.methods.registry import method_class, method_names
+from dpsynth.runs.build import check_packages
 from dpsynth.runs.config import first_error, parse_config, read_yaml_mapping
+from dpsynth.runs.planning import plan_privacy
 
 PER_EXAMPLE = ("correct", "predicted", "ft_correct", "ft_predicted")  # kept out of results.csv
 PRIVATE_ONLY = "private_only"  # a reference row, not a method: the classifier trained on the private records
@@ -232,6 +234,8 @@ def run_grid(bench: BenchConfig, out: Path, log: Callable[[str], None] = print,
               and not RunDir(out / "cells" / cell["name"]).is_finished()]
     for generator in {g.model_dump_json(): g for config in to_run for g in config.generators}.values():
         check_generator(generator)  # a report, or finished cells, need no model file or key
+    for config in to_run:
+        check_packages(plan_privacy(config))  # faiss, opacus, flwr...: before the first cell pays for anything
     if to_run and bench.eval_distribution:
         require("mauve", "eval", "the bench's MAUVE per cell (eval_distribution: false leaves it out)")
     if run_missing:

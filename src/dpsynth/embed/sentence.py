@@ -40,7 +40,8 @@ class Embedder(Protocol):
 
 
 class SentenceTransformerEmbedder:
-    def __init__(self, model: str = DEFAULT_EMBEDDER, batch_size: int | None = None, device: str = "cpu") -> None:
+    def __init__(self, model: str = DEFAULT_EMBEDDER, batch_size: int | None = None, device: str = "cpu",
+                 identity: str | None = None) -> None:
         """`device`: 'cpu' or 'cuda' (resolved by dpsynth.device). On a GPU the encoder runs in fp16 with larger
         batches (embeddings agree with fp32 to about 1e-6 in cosine on an H200: benchmarks/device_check.py); on the
         CPU in fp32, whatever precision the checkpoint was saved in, in batches of 16: within a call sorted by
@@ -49,8 +50,9 @@ class SentenceTransformerEmbedder:
         embeddings the same within 1.5e-7; docs/scale.md)."""
         self.name = model
         self.device = device
+        self.identity = identity or cache_identity(model)  # read with the model: the key of the vectors it writes
         self._batch_size = batch_size or (256 if device == "cuda" else 16)
-        self._model = _loaded_encoder(resolve_model_path(model), device)
+        self._model = _loaded_encoder(resolve_model_path(model), device, self.identity)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -62,10 +64,11 @@ class SentenceTransformerEmbedder:
 
 
 @functools.lru_cache(maxsize=4)
-def _loaded_encoder(path: str, device: str) -> SentenceTransformer:
+def _loaded_encoder(path: str, device: str, identity: str) -> SentenceTransformer:
     """One loaded encoder per model and device for the process: a run's embedder, its evaluation, a reference
     run and every cell of a bench share it (it was loaded two to four times a cell, 0.15 s each warm and 6 s
-    the first time). Encoding does not change the model; the fine-tuned classifier trains its own copy."""
+    the first time). Encoding does not change the model; the fine-tuned classifier trains its own copy.
+    `identity` (`cache_identity`) is part of the key only: a local folder retrained in place loads again."""
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError as err:
@@ -138,7 +141,9 @@ class CachedEmbedder:
     def __init__(self, inner: Embedder, path: Path) -> None:
         self.inner = inner
         self.name = inner.name
-        self._identity = cache_identity(inner.name)
+        # the identity the encoder was loaded with, where it says (not the folder as it is now: a model retrained
+        # in place while this process holds the old one must not write old vectors under the new key)
+        self._identity = getattr(inner, "identity", None) or cache_identity(inner.name)
         create_owner_only(path)
         # shared by processes (a bench's cells, two benches on one test set): wait for a writer's lock instead
         # of failing with "database is locked", and let readers read while one writes (WAL)
@@ -196,6 +201,7 @@ class LazyEmbedder:
                  on_load: Callable[[float], None] | None = None) -> None:
         self.name = model
         self.device = device
+        self.identity = cache_identity(model)  # loaded with this identity (below), so caches made first agree
         self._on_load = on_load
         self._inner: SentenceTransformerEmbedder | None = None
 
@@ -203,7 +209,7 @@ class LazyEmbedder:
     def loaded(self) -> SentenceTransformerEmbedder:
         if self._inner is None:
             start = time.perf_counter()
-            inner = SentenceTransformerEmbedder(self.name, device=self.device)
+            inner = SentenceTransformerEmbedder(self.name, device=self.device, identity=self.identity)
             inner.encode(["warm-up"])  # a GPU's kernels and allocator start here, not in the first step
             self._inner = inner  # only once it works: a failed start is retried, not half kept
             if self._on_load is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth.errors import DpsynthError
+from dpsynth.errors import DpsynthError, require
 from dpsynth.federated.party import PartyShard, check_party_size
 from dpsynth.federated.party_ledger import PartyLedger
 from dpsynth.finetune.request import AdapterTraining
@@ -35,6 +35,7 @@ def training_answer(shard: PartyShard, adapter: np.ndarray, config: Any, *, ledg
     check_party_size(shard, int(config["max_records"]))
     check_training_shard(shard)
     request = AdapterTraining.model_validate_json(str(config["request"]))
+    require("opacus", "finetune", "a training party's DP-Adam")  # imported by local_update, after the charge
     _model(request)  # loaded (once per process) before the charge: a wrong model path is not paid for
     if ledger is not None:
         ledger.charge_training(release=str(config["release"]), round_index=int(config["round_index"]),

@@ -166,9 +166,14 @@ class Run:
             hint = (" (a run stopped before it wrote its config spent nothing: start it again with `dpsynth run "
                     f"CONFIG -o {d.root}`)" if d.lock.exists() else "")
             raise DpsynthError(f"{d.root}: no config.yaml; not a dpsynth run directory{hint}")
-        config = load_config(d.config, other_methods="drop")
-        check_packages(plan_privacy(config))  # a missing package fails here, not after the resumed generations
-        return cls(config, d.root, **kw)
+        run = cls(load_config(d.config, other_methods="drop"), d.root, **kw)  # "in use" and such come first
+        if not d.is_finished():
+            try:  # a missing package fails here, not after the resumed generations
+                check_packages(run.plan)
+            except BaseException:
+                run.close()
+                raise
+        return run
 
     def close(self) -> None:
         """Let another process run or resume the directory (also happens when this process exits)."""
