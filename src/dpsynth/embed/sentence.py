@@ -40,8 +40,7 @@ class Embedder(Protocol):
 
 
 class SentenceTransformerEmbedder:
-    def __init__(self, model: str = DEFAULT_EMBEDDER, batch_size: int | None = None, device: str = "cpu",
-                 identity: str | None = None) -> None:
+    def __init__(self, model: str = DEFAULT_EMBEDDER, batch_size: int | None = None, device: str = "cpu") -> None:
         """`device`: 'cpu' or 'cuda' (resolved by dpsynth.device). On a GPU the encoder runs in fp16 with larger
         batches (embeddings agree with fp32 to about 1e-6 in cosine on an H200: benchmarks/device_check.py); on the
         CPU in fp32, whatever precision the checkpoint was saved in, in batches of 16: within a call sorted by
@@ -50,7 +49,7 @@ class SentenceTransformerEmbedder:
         embeddings the same within 1.5e-7; docs/scale.md)."""
         self.name = model
         self.device = device
-        self.identity = identity or cache_identity(model)  # read with the model: the key of the vectors it writes
+        self.identity = cache_identity(model)  # read with the model: the key of the vectors it writes
         self._batch_size = batch_size or (256 if device == "cuda" else 16)
         self._model = _loaded_encoder(resolve_model_path(model), device, self.identity)
 
@@ -201,7 +200,7 @@ class LazyEmbedder:
                  on_load: Callable[[float], None] | None = None) -> None:
         self.name = model
         self.device = device
-        self.identity = cache_identity(model)  # loaded with this identity (below), so caches made first agree
+        self.identity = cache_identity(model)  # the key of its vectors (read again, a moment later, at its load)
         self._on_load = on_load
         self._inner: SentenceTransformerEmbedder | None = None
 
@@ -209,7 +208,7 @@ class LazyEmbedder:
     def loaded(self) -> SentenceTransformerEmbedder:
         if self._inner is None:
             start = time.perf_counter()
-            inner = SentenceTransformerEmbedder(self.name, device=self.device, identity=self.identity)
+            inner = SentenceTransformerEmbedder(self.name, device=self.device)
             inner.encode(["warm-up"])  # a GPU's kernels and allocator start here, not in the first step
             self._inner = inner  # only once it works: a failed start is retried, not half kept
             if self._on_load is not None:
