@@ -280,7 +280,9 @@ class _FaultyProxy(BaseHTTPRequestHandler):
     the kinds of fault take turns).
 
     A request (its body) gets at most two faults, so every request succeeds within the run's retries and
-    the test cannot fail by bad luck. Records each fault and each text the real server wrote.
+    the test cannot fail by bad luck. Records each fault and each text the real server wrote, and each answer the
+    real server took longer to write than the client waits (`slow`): on a loaded machine the client times those
+    out and retries too, and a retry count that left them out would fail the test for the machine's load.
     """
 
     upstream = ""
@@ -288,6 +290,8 @@ class _FaultyProxy(BaseHTTPRequestHandler):
     rng = random.Random(0)
     attempts: dict[bytes, int] = {}
     faults: list[str] = []
+    slow: list[float] = []
+    client_timeout = 0.0
     texts: set[str] = set()
     lock = threading.Lock()
     KINDS = ("429", "500", "503", "hang", "invalid JSON", "truncated body", "empty choices", "missing message")
@@ -312,8 +316,13 @@ class _FaultyProxy(BaseHTTPRequestHandler):
         else:
             request = urllib.request.Request(cls.upstream + self.path.removeprefix("/v1"), data=body,
                                              headers={"Content-Type": "application/json"})
+            asked = time.monotonic()
             with urllib.request.urlopen(request, timeout=120) as answer:
                 upstream = json.loads(answer.read())
+            took = time.monotonic() - asked
+            if took >= cls.client_timeout:
+                with cls.lock:
+                    cls.slow.append(took)
             for choice in upstream["choices"]:
                 with cls.lock:
                     cls.texts.add((choice.get("message") or {}).get("content") or choice.get("text") or "")
@@ -344,7 +353,7 @@ def test_wasp_completes_through_a_proxy_that_breaks_30_percent_of_answers(llama_
     messages in front of the real llama.cpp server; the run finishes, counts every retry in metrics.json and
     run.log, and every sample is a text the real server wrote."""
     monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path / "cache"))
-    _FaultyProxy.upstream, _FaultyProxy.hang = llama_server, 6.0
+    _FaultyProxy.upstream, _FaultyProxy.hang, _FaultyProxy.client_timeout = llama_server, 10.0, 8.0
     proxy = ThreadingHTTPServer(("127.0.0.1", 0), _FaultyProxy)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     private = _private_reviews(tmp_path)
@@ -353,7 +362,7 @@ def test_wasp_completes_through_a_proxy_that_breaks_30_percent_of_answers(llama_
         "task": {"text_kind": "movie review", "labels": {"pos": "a positive review", "neg": "a negative review"}},
         "generators": [{"kind": "openai", "model": "smollm2", "name": "faulty",
                         "base_url": f"http://127.0.0.1:{proxy.server_port}/v1", "max_concurrency": 1,
-                        "timeout": 4.0, "max_retries": 3}],
+                        "timeout": _FaultyProxy.client_timeout, "max_retries": 3}],
         "wasp": {"n": 36, "iterations": 2, "q": 2, "s": 2, "max_tokens": 12},
         "privacy": {"epsilon": 2.0, "delta": 1e-3, "noise_seed": 0},
         "evaluate": False,
@@ -364,11 +373,13 @@ def test_wasp_completes_through_a_proxy_that_breaks_30_percent_of_answers(llama_
         proxy.shutdown()
     faults = _FaultyProxy.faults
     attempts = sum(_FaultyProxy.attempts.values())
-    print(f"{attempts} requests reached the proxy; {len(faults)} faults injected: {faults}")
+    slow = _FaultyProxy.slow
+    print(f"{attempts} requests reached the proxy; {len(faults)} faults injected: {faults}; {len(slow)} answers "
+          f"slower than the client's timeout: {slow}")
     assert set(faults) == set(_FaultyProxy.KINDS), faults  # the seeded schedule reaches every kind
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["usage"]["faulty"]["retries"] == len(faults), (metrics["usage"], faults)
-    assert f"'faulty': {len(faults)}" in (tmp_path / "run" / "run.log").read_text()
+    assert metrics["usage"]["faulty"]["retries"] == len(faults) + len(slow), (metrics["usage"], faults, slow)
+    assert f"'faulty': {len(faults) + len(slow)}" in (tmp_path / "run" / "run.log").read_text()
     samples = [json.loads(x)["text"] for x in (tmp_path / "run" / "synthetic.jsonl").read_text().splitlines()]
     assert len(samples) >= 12
     def words(text: str) -> str:  # samples are cleaned (quotes, "Review:" prefixes, cut at a stop)
