@@ -1,11 +1,34 @@
-"""Test set-up: the fake generator backend is registered for every test (tests/fakes.py); Ctrl-C for the tests
-that press it."""
+"""Test set-up: the suite runs in parallel processes (pytest-xdist, `-n auto` in pyproject.toml), as many as the
+cores allow up to four; the fake generator backend is registered for every test (tests/fakes.py); Ctrl-C for the
+tests that press it."""
 
+import os
 import signal
 from collections.abc import Iterator
 
-import fakes  # noqa: F401  (registers the "fake" backend)
 import pytest
+
+
+def _available_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+# Each worker's torch gets its share of the cores (set before anything imports torch), so two workers on two cores
+# do not run four threads; a value the user set stays. llama.cpp picks its own threads from the cores it may use.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", str(max(1, _available_cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
+import fakes  # noqa: E402,F401  (registers the "fake" backend)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker a core, at most four: a worker holds up to two local models, torch and a llama.cpp
+    server (about 2 GB), and the suite's longest file (about 3 minutes) bounds its time from four workers on."""
+    return min(_available_cores(), 4)
 
 
 @pytest.fixture
