@@ -170,7 +170,6 @@ def test_a_bench_process_waits_for_the_cells_it_left_and_runs_one_whose_holder_s
     (cell,) = cells(bench)
     held = exclusive_lock(_claim_path(tmp_path, cell), wait=False)
     assert held is not None
-    threading.Timer(0.5, held.close).start()  # the other process stops without finishing the cell
 
     class RunAfterTheHolder:
         @staticmethod
@@ -180,8 +179,14 @@ def test_a_bench_process_waits_for_the_cells_it_left_and_runs_one_whose_holder_s
 
     monkeypatch.setattr(engine, "Run", RunAfterTheHolder)
     logged: list[str] = []
+
+    def log(line: str) -> None:
+        logged.append(line)
+        if line.startswith("waiting for"):  # the other process stops without finishing the cell, while this waits
+            threading.Timer(0.5, held.close).start()
+
     with pytest.raises(RuntimeError, match=f"ran {cell['name']}"):
-        run_grid(bench, tmp_path, log=logged.append)
+        run_grid(bench, tmp_path, log=log)
     assert logged[1:] == [f"waiting for {cell['name']} (run by another bench process)", f"running {cell['name']}"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -300,7 +301,9 @@ def test_plain_aggregation_sums_exactly_and_sees_each_party() -> None:
         _capture_replies(aggregator, replies)
         return aggregator.aggregate(VoteRound("augpe.votes.0", spec, candidates, cand_labels, 1.0, clip=0.0))
 
+    pythonpath = os.environ.get("PYTHONPATH")
     result = run_federation(shards, settings, program)
+    assert os.environ.get("PYTHONPATH") == pythonpath  # Ray's backend rewrites it; the caller's stays as it was
     expected = sum(noisy_votes(s, spec, candidates, cand_labels, release="augpe.votes.0", party_sigma=1.0,
                                max_records=10, noise_seed=2) for s in shards)
     assert result.contributors == 3 and np.allclose(result.total, expected)

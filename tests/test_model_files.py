@@ -52,3 +52,33 @@ def test_a_local_gguf_generator_names_its_file_content(name: str) -> None:
     path, _ = resolve_local_model(name)
     gen = LlamaCppGenerator(path, n_ctx=256, n_threads=1)
     assert gen.model_id == f"llama_cpp:{path.name}:{file_fingerprint(path)}"
+
+
+def _resolve_gemma(cache: str) -> tuple[str, int]:
+    """In a process of its own (spawned): resolve the packaged Gemma model with `cache` as the user cache."""
+    import os
+
+    os.environ["DPSYNTH_CACHE"] = cache
+    from dpsynth.llm.local_models import resolve_local_model
+
+    path, _ = resolve_local_model("gemma3-270m")
+    return str(path), path.stat().st_size
+
+
+def test_processes_building_gemma_at_once_each_get_the_whole_checked_file(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packaged Gemma file is assembled into the user cache on first use; three processes at once on an empty
+    cache (two runs, parallel tests) each get the whole file (one builds it, under a lock, into a file of its own),
+    and a damaged cached file is built again."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        got = pool.map(_resolve_gemma, [str(tmp_path)] * 3)
+    target = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"
+    assert got == [(str(target), target.stat().st_size)] * 3 and target.stat().st_size > 200e6
+    assert [p.name for p in target.parent.iterdir() if "building" in p.name] == []
+    target.write_bytes(b"damaged")
+    monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path))
+    from dpsynth.llm.local_models import resolve_local_model
+
+    assert resolve_local_model("gemma3-270m")[0] == target and target.stat().st_size == got[0][1]

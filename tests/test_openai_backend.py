@@ -504,12 +504,13 @@ def test_a_request_process_that_dies_is_one_clear_error_not_a_hang() -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Echo.delay = 0.5
+    _Echo.delay, _Echo.arrived = 0.5, []
     try:
         gen = OpenAICompatGenerator("m", base_url=f"http://127.0.0.1:{server.server_port}/v1", processes=2,
                                     max_concurrency=4)
         assert gen._fleet is not None
-        threading.Timer(0.2, gen._fleet._workers[0].kill).start()  # while its first requests are in flight
+        worker = gen._fleet._workers[0]
+        threading.Thread(target=lambda: (_wait_until_arrived(1), worker.kill()), daemon=True).start()  # in flight
         with pytest.raises(DpsynthError, match="a request process exited"):
             gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(12)])
     finally:
@@ -527,7 +528,9 @@ def test_when_a_request_process_dies_the_others_answers_still_reach_the_call() -
         gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=8)
         assert gen._fleet is not None
         heard: list[str] = []
-        threading.Timer(0.5, gen._fleet._workers[0].kill).start()  # while both have four requests out
+        worker = gen._fleet._workers[0]
+        threading.Thread(target=lambda: (_wait_until_arrived(8), worker.kill()),  # both have four requests out
+                         daemon=True).start()
         with pytest.raises(DpsynthError, match="a request process exited"):
             gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(40)],
                          on_result=lambda i, r: heard.append(r.text))
@@ -598,7 +601,7 @@ def test_an_interrupted_call_does_not_wait_for_the_requests_of_another_call() ->
         gen = OpenAICompatGenerator("m", base_url=url, max_concurrency=2)
         with ThreadPoolExecutor(max_workers=1) as pool:
             other = pool.submit(gen.generate, [GenerationRequest(messages=(("user", f"b{i}"),)) for i in range(2)])
-            time.sleep(0.1)  # both of its requests in flight, every thread taken
+            _wait_until_arrived(2)  # both of its requests in flight, every thread taken
             threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
             start = time.monotonic()
             with pytest.raises(KeyboardInterrupt):
@@ -620,13 +623,24 @@ def test_ctrl_c_in_a_fleet_call_still_hands_over_the_answers_in_flight() -> None
     with _echo_server(delay=1.0) as url:
         gen = OpenAICompatGenerator("m", base_url=url, processes=2, max_concurrency=4)
         handed: list[int] = []
-        threading.Timer(0.4, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        threading.Thread(target=lambda: (_wait_until_arrived(4), os.kill(os.getpid(), signal.SIGINT)),
+                         daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             gen.generate([GenerationRequest(messages=(("user", f"a{i}"),)) for i in range(8)],
                          on_result=lambda i, r: handed.append(i))
         assert sorted(handed) == [0, 1, 2, 3] and sorted(_Echo.arrived) == ["a0", "a1", "a2", "a3"]
         again = gen.generate([GenerationRequest(messages=(("user", "b"),))])  # the fleet still works
         assert [r.text for r in again] == ["b"]
+
+
+def _wait_until_arrived(n: int, within: float = 30.0) -> None:
+    """Until the echo server has `n` requests (a wait on the event, not a guess of how long it takes: another
+    test process may be loading the cores)."""
+    deadline = time.monotonic() + within
+    while len(_Echo.arrived) < n:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(_Echo.arrived)} of {n} requests reached the echo server in {within} s")
+        time.sleep(0.01)
 
 
 def _one_later(gen: OpenAICompatGenerator, text: str, after: float) -> list:

@@ -233,6 +233,13 @@ def test_a_key_with_a_line_break_is_refused_without_showing_it(monkeypatch: pyte
     assert "sk-secret" not in str(caught.value)
 
 
+def _until(condition, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "the server did not get the requests"
+        time.sleep(0.01)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("ctrl_c_raises")
 def test_an_interrupt_still_hands_the_answers_in_flight_to_the_cache() -> None:
@@ -242,7 +249,8 @@ def test_an_interrupt_still_hands_the_answers_in_flight_to_the_cache() -> None:
     with _keep_alive_server([(200, {}, 0.5)] * 4) as url:
         gen = _gen(url, max_concurrency=4)
         heard: list[int] = []
-        threading.Timer(0.25, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        threading.Thread(target=lambda: (_until(lambda: _KeepAlive.requests >= 4), os.kill(os.getpid(), signal.SIGINT)),
+                         daemon=True).start()  # on the fourth request's arrival, not a guess of when it comes
         with pytest.raises(KeyboardInterrupt):
             gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(20)],
                          on_result=lambda i, result: heard.append(i))

