@@ -25,6 +25,19 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 import fakes  # noqa: E402,F401  (registers the "fake" backend)
 
 
+# The files that take minutes, longest first (their tests' summed times, `--durations=0`, 2026-12-02): they start
+# first, so that no worker begins one near the end while the others sit idle (pyproject.toml's
+# `--no-loadscope-reorder` keeps this order; the other files follow, as collected).
+LONGEST_FIRST = ("test_bad_input.py", "test_e2e_wasp.py", "test_fedgen.py", "test_openai_backend.py",
+                 "test_crash_safety.py", "test_bench_e2e.py", "test_federated.py", "test_cli_budget.py",
+                 "test_e2e_federated.py", "test_architecture.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order stays
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker a core, at most four: a worker holds up to two local models, torch and a llama.cpp
     server (about 2 GB), and the suite's longest file (about 3 minutes) bounds its time from four workers on."""
