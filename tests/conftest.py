@@ -38,9 +38,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order stays
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto`: one worker a core, at most four: a worker holds up to two local models, torch and a llama.cpp
-    server (about 2 GB), and the suite's longest file (about 3 minutes) bounds its time from four workers on."""
+    server (about 2 GB), and the suite's longest file (about 3 minutes) bounds its time from four workers on.
+    PYTEST_XDIST_AUTO_NUM_WORKERS, where set, decides (None: xdist's own rule)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     return min(_available_cores(), 4)
 
 

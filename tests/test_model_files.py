@@ -69,7 +69,7 @@ def test_processes_building_gemma_at_once_each_get_the_whole_checked_file(tmp_pa
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The packaged Gemma file is assembled into the user cache on first use; three processes at once on an empty
     cache (two runs, parallel tests) each get the whole file (one builds it, under a lock, into a file of its own),
-    and a damaged cached file is built again."""
+    and a damaged cached file is built again, clearing what a killed build left."""
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(3) as pool:
@@ -78,7 +78,9 @@ def test_processes_building_gemma_at_once_each_get_the_whole_checked_file(tmp_pa
     assert got == [(str(target), target.stat().st_size)] * 3 and target.stat().st_size > 200e6
     assert [p.name for p in target.parent.iterdir() if "building" in p.name] == []
     target.write_bytes(b"damaged")
+    (target.parent / f".{target.name}.99999.building").write_bytes(b"a build killed midway")
     monkeypatch.setenv("DPSYNTH_CACHE", str(tmp_path))
     from dpsynth.llm.local_models import resolve_local_model
 
     assert resolve_local_model("gemma3-270m")[0] == target and target.stat().st_size == got[0][1]
+    assert [p.name for p in target.parent.iterdir() if "building" in p.name] == []

@@ -233,11 +233,15 @@ def test_a_key_with_a_line_break_is_refused_without_showing_it(monkeypatch: pyte
     assert "sk-secret" not in str(caught.value)
 
 
-def _until(condition, within: float = 30.0) -> None:
+def _until(condition, ended: threading.Event, within: float = 30.0) -> bool:
+    """Whether `condition()` comes true within `within` s and before the test `ended` (a thread still waiting
+    when its test failed must not act in the next one)."""
     deadline = time.monotonic() + within
     while not condition():
-        assert time.monotonic() < deadline, "the server did not get the requests"
+        if ended.is_set() or time.monotonic() > deadline:
+            return False
         time.sleep(0.01)
+    return not ended.is_set()
 
 
 @pytest.mark.timeout(60)
@@ -249,9 +253,13 @@ def test_an_interrupt_still_hands_the_answers_in_flight_to_the_cache() -> None:
     with _keep_alive_server([(200, {}, 0.5)] * 4) as url:
         gen = _gen(url, max_concurrency=4)
         heard: list[int] = []
-        threading.Thread(target=lambda: (_until(lambda: _KeepAlive.requests >= 4), os.kill(os.getpid(), signal.SIGINT)),
-                         daemon=True).start()  # on the fourth request's arrival, not a guess of when it comes
-        with pytest.raises(KeyboardInterrupt):
-            gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(20)],
-                         on_result=lambda i, result: heard.append(i))
+        ended = threading.Event()
+        threading.Thread(target=lambda: _until(lambda: _KeepAlive.requests >= 4, ended)
+                         and os.kill(os.getpid(), signal.SIGINT), daemon=True).start()  # on the fourth's arrival
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                gen.generate([GenerationRequest(messages=(("user", f"t{i}"),)) for i in range(20)],
+                             on_result=lambda i, result: heard.append(i))
+        finally:
+            ended.set()
         assert _KeepAlive.requests == 4 and sorted(heard) == [0, 1, 2, 3]

@@ -63,6 +63,8 @@ def _gemma3() -> Path:
                 return Path(gemma.assemble(target))
             except FileExistsError:
                 pass
+        for stale in target.parent.glob(f".{target.name}.*.building"):  # of a build killed midway
+            stale.unlink(missing_ok=True)
         building = target.with_name(f".{target.name}.{os.getpid()}.building")
         try:
             gemma.assemble(building, overwrite=True)
