@@ -278,7 +278,10 @@ def test_reports_handle_infinite_epsilon(tmp_path: Path) -> None:
               "accuracy": 0.62, "fid": 0.4}]
     table = markdown_table(rows)
     assert "eps=inf" in table.splitlines()[0] and "60.50 ± 0.71" in table
-    assert "accuracy vs epsilon" in html_report(rows, tmp_path, "t")
+    page = html_report(rows, tmp_path, "t")
+    assert "accuracy vs epsilon" in page
+    # no cell folder here: no per-iteration chart, and no empty one in its place
+    assert "vs iteration" not in page and "samples per PLM" not in page
 
 
 def test_paired_intervals_cover_a_known_difference_and_are_empty_for_identical_methods() -> None:

@@ -55,13 +55,24 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _add_chart(images: list[tuple[str, str]], title: str, fig, ax, legend_size: int) -> None:
+    """The chart, with its legend, where something was drawn on it (a bench with no scored cell, or no WASP cell,
+    gets no empty chart); the figure is closed either way."""
+    import matplotlib.pyplot as plt
+
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=legend_size)
+        images.append((title, _png(fig)))
+    plt.close(fig)
+
+
 def html_report(rows: list[dict], out_dir: Path, title: str) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    images = []
+    images: list[tuple[str, str]] = []
     fig, ax = plt.subplots(figsize=(6, 4))
     finite = sorted({r["epsilon"] for r in rows if r["epsilon"] is not None and np.isfinite(r["epsilon"])})
     inf_at = 2 * finite[-1] if finite else 1.0  # eps = inf (non-private) drawn one step right of the largest
@@ -79,9 +90,7 @@ def html_report(rows: list[dict], out_dir: Path, title: str) -> str:
     ax.set_xticks(finite + [inf_at] * has_inf, [f"{e:g}" for e in finite] + ["inf"] * has_inf)
     ax.set_xlabel("epsilon (inf = non-private)")
     ax.set_ylabel("test accuracy")
-    ax.legend(fontsize=7)
-    images.append(("accuracy vs epsilon", _png(fig)))
-    plt.close(fig)
+    _add_chart(images, "accuracy vs epsilon", fig, ax, 7)
 
     for metric in ("accuracy", "fid"):
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -95,9 +104,7 @@ def html_report(rows: list[dict], out_dir: Path, title: str) -> str:
             ax.plot([e["up_to_iteration"] for e in its], ys, marker=".", alpha=0.6, label=r["name"])
         ax.set_xlabel("iteration (cumulative samples)")
         ax.set_ylabel(metric)
-        ax.legend(fontsize=5)
-        images.append((f"{metric} vs iteration", _png(fig)))
-        plt.close(fig)
+        _add_chart(images, f"{metric} vs iteration", fig, ax, 5)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
@@ -110,9 +117,7 @@ def html_report(rows: list[dict], out_dir: Path, title: str) -> str:
                     alpha=0.6, label=f"{r['name']}: {plm}")
     ax.set_xlabel("iteration")
     ax.set_ylabel("samples kept")
-    ax.legend(fontsize=5)
-    images.append(("samples per PLM per iteration (WASP)", _png(fig)))
-    plt.close(fig)
+    _add_chart(images, "samples per PLM per iteration (WASP)", fig, ax, 5)
 
     body = [f"<h1>{html.escape(title)}</h1>", "<pre>" + html.escape(markdown_table(rows)) + "</pre>"]
     body += [f"<h2>{html.escape(t)}</h2><img src='data:image/png;base64,{img}'/>" for t, img in images]
